@@ -1,0 +1,66 @@
+"""Types of the compiled core (rust/src/py.rs). Every call releases the GIL while it works."""
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+__version__: str
+BLOCK_SIZE_DEFAULT: int
+
+class KvStoreError(Exception):
+    """Base of every kvstore error; the message says what to do next."""
+
+class FormatError(KvStoreError, ValueError):
+    """The bytes are not a llama.cpp slot file this build understands (truncated, foreign, other version)."""
+
+class CorruptObject(KvStoreError):
+    """A stored object is missing or does not match its hash; run `kvstore verify`."""
+
+class FingerprintMismatch(KvStoreError):
+    """A state was asked for a server it cannot be restored into; the message names the differing key."""
+
+class NameNotFound(KvStoreError, KeyError):
+    """No state is stored under this (namespace, name)."""
+
+class InvalidName(KvStoreError, ValueError):
+    """A name or namespace breaks the naming rules (empty, > 200 bytes, '/', '\\\\', '..', control characters)."""
+
+class StoreFull(KvStoreError, OSError):
+    """The disk or the LMDB map is full; nothing was committed."""
+
+def validate_name(name: str, what: str = "name") -> None: ...
+def hash_file(path: str) -> str:
+    """blake3 hex digest of a file's content."""
+def inspect_state(path: str) -> dict[str, Any]:
+    """Parse a slot file: {file_bytes, n_tokens, tokens, layout, n_stream, n_checkpoints, blocks}; raises FormatError."""
+
+class Store:
+    path: str
+    block_size: int
+    def __init__(self, path: str, *, block_size: int = 64, level: int = 1, map_size_mib: int = 65536) -> None: ...
+    def ingest(self, name: str, path: str, *, namespace: str = "", fingerprint: Optional[Mapping[str, str]] = None,
+               parent: Optional[str] = None, remove_file: bool = False) -> dict[str, Any]:
+        """Store a slot file under a name (replacing the previous state of that name).
+        Returns {name, namespace, manifest_id, n_tokens, file_bytes, blocks, new_objects, new_raw_bytes,
+        new_stored_bytes, reused_bytes, parent_manifest, elapsed_s}."""
+    def ingest_bytes(self, name: str, data: bytes, *, namespace: str = "",
+                     fingerprint: Optional[Mapping[str, str]] = None, parent: Optional[str] = None) -> dict[str, Any]: ...
+    def materialize(self, name: str, out_path: str, *, namespace: str = "", expect: Optional[Mapping[str, str]] = None,
+                    n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]:
+        """Write the named state as a slot file (temp + rename). Byte-exact unless n_stream differs.
+        Returns {manifest_id, n_tokens, file_bytes, objects_read, read_raw_bytes, read_stored_bytes, elapsed_s}."""
+    def materialize_manifest(self, manifest_id: str, out_path: str, *, expect: Optional[Mapping[str, str]] = None,
+                             n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]: ...
+    def lookup(self, tokens: Sequence[int], *, namespace: str = "", fingerprint: Optional[Mapping[str, str]] = None
+               ) -> Optional[dict[str, Any]]:
+        """Longest stored token prefix: {manifest_id, name, n_tokens, n_common} or None."""
+    def get(self, name: str, *, namespace: str = "") -> Optional[dict[str, Any]]:
+        """{name, namespace, manifest_id, n_tokens, file_bytes, fingerprint, layout, parent, created, last_used}."""
+    def tokens(self, name: str, *, namespace: str = "") -> list[int]: ...
+    def list(self, *, namespace: Optional[str] = None) -> list[dict[str, Any]]: ...
+    def remove(self, name: str, *, namespace: str = "") -> bool: ...
+    def touch(self, name: str, *, namespace: str = "") -> None: ...
+    def gc(self, *, grace_seconds: float = 3600.0, dry_run: bool = False) -> dict[str, Any]:
+        """{live_objects, dead_objects, freed_bytes, kept_young, removed_temp, dry_run}."""
+    def verify(self, *, progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
+        """Re-hash every object: {objects_checked, corrupt: [id], missing: [id], names_affected: [..]}."""
+    def stats(self) -> dict[str, Any]:
+        """{names, manifests, objects, logical_bytes, unique_raw_bytes, stored_bytes, dedup_ratio,
+        compression_ratio, total_ratio, block_size}."""
