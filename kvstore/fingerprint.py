@@ -1,0 +1,64 @@
+"""What a server's states are bound to (docs/design.md, "Fingerprint").
+
+The slot file carries no model identity and llama.cpp does not check one, so we derive it from the server:
+the content hash of the GGUF when it is readable here, else the model metadata the server reports.
+The cache layout (types, flash attention, rotation) is derived by the core from every saved file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from typing import Any, Mapping, Optional
+
+_lock = threading.Lock()
+_hash_cache: dict[tuple, str] = {}
+
+
+def model_file_hash(path: str) -> str:
+    """Content hash of a GGUF file, cached per (path, size, mtime) for this process."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    with _lock:
+        if key in _hash_cache:
+            return _hash_cache[key]
+    try:
+        from kvstore._core import hash_file  # blake3, GIL released
+
+        digest = "blake3:" + hash_file(path)
+    except ImportError:  # pragma: no cover - the core is always built in practice
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        digest = "sha256:" + h.hexdigest()
+    with _lock:
+        _hash_cache[key] = digest
+    return digest
+
+
+def server_fingerprint(props: Mapping[str, Any], models: Optional[Mapping[str, Any]] = None,
+                       n_ctx_slot: Optional[int] = None) -> dict[str, str]:
+    """Fingerprint of a llama-server from its `/props` (and optionally `/v1/models`) replies.
+
+    Keys: `model` (identity), `n_ctx_slot` (a fit limit, not identity). `n_stream` is deliberately absent:
+    states are re-emitted for the target server's slot count.
+    """
+    path = props.get("model_path") or ""
+    if path and os.path.isfile(path):
+        model = model_file_hash(path)
+    else:
+        # External server on another machine: bind to what it says about the model.
+        meta = {}
+        if models:
+            data = models.get("data") or []
+            if data:
+                meta = data[0].get("meta") or {}
+        desc = repr((os.path.basename(path), props.get("model_ftype"), sorted(meta.items())))
+        model = "meta:" + hashlib.sha256(desc.encode()).hexdigest()
+    fp = {"model": model}
+    if n_ctx_slot is None:
+        n_ctx_slot = (props.get("default_generation_settings") or {}).get("n_ctx")
+    if n_ctx_slot:
+        fp["n_ctx_slot"] = str(int(n_ctx_slot))
+    return fp
