@@ -3,6 +3,32 @@
 //! CONTRACT (docs/design.md): `recompose(decompose(f)) == f` byte for byte. Blocks are keyed by cell position,
 //! never by file index, and hold rows cell-major, so their bytes do not depend on cell count or ring order.
 //! This module knows nothing about objects, hashes or LMDB.
+//!
+//! Modules: `reader` (bounds-checked cursor), `model` (the parsed structure), `parse` (file -> structure),
+//! `plan` (cells -> blocks by position), `emit` (rows between file and block layout), `skeleton` (the
+//! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there).
+
+mod emit;
+mod layout;
+mod model;
+mod parse;
+mod plan;
+mod reader;
+mod skeleton;
+#[cfg(test)]
+mod tests;
+
+use model::SlotFile;
+use plan::Plan;
+
+/// First bytes of every skeleton (`b"KVSK"`), followed by a u32 skeleton version.
+pub const SKELETON_MAGIC: [u8; 4] = skeleton::SKELETON_MAGIC;
+/// The skeleton encoding this build writes and reads.
+pub const SKELETON_VERSION: u32 = skeleton::SKELETON_VERSION;
+/// Magic of llama-server's context-checkpoint appendix ("SCKP").
+pub const SCKP_MAGIC: u32 = parse::SCKP_MAGIC;
+/// Largest `n_stream` accepted in a file, a skeleton or `EmitOptions` (llama.cpp's own limit on sequences is far lower).
+pub const MAX_EMIT_STREAMS: u32 = 65_536;
 
 /// "qsgg" on disk.
 pub const MAGIC: u32 = 0x6767_7371;
@@ -39,8 +65,10 @@ pub struct Decomposed {
     pub blocks: Vec<Block>,
     /// Token ids of the state (media positions are -1); empty for an empty slot.
     pub tokens: Vec<i32>,
-    /// Canonical description of the cache layout, e.g. `kv[3:f16/512,f16/512;vt0;rot0,0]+kv[15:...]`;
-    /// equal layouts restore into each other's servers, different ones never do.
+    /// Canonical description of the cache layout, e.g. gemma3 with f16 cache and flash attention:
+    /// `kv[3:f16/512,f16/512*3;vt0;rot0,0;ext0]+kv[15:f16/512,f16/512*15;vt0;rot0,0;ext0]`; an empty slot is
+    /// `kv[-]` per section. Equal layouts restore into each other's servers (given equal `n_stream`, which is
+    /// not part of it), different ones never do. Grammar: see `layout.rs`.
     pub layout: String,
     /// `n_stream` of the saving server's KV sections (0 if the file has no KV section).
     pub n_stream: u32,
@@ -56,25 +84,111 @@ pub struct EmitOptions {
     pub n_stream: Option<u32>,
 }
 
+/// Split a slot file into a skeleton and KV blocks of `block_size` positions. Refuses anything it cannot
+/// rebuild byte for byte: bad magic/version, truncation, a malformed appendix, more than one stream with
+/// cells, duplicate positions within a KV section.
 pub fn decompose(file: &[u8], block_size: u32) -> Result<Decomposed, FormatError> {
-    let _ = (file, block_size);
-    unimplemented!("format::decompose")
+    if block_size == 0 {
+        return Err(FormatError::Invalid { offset: 0, what: "block_size", detail: "must be at least 1".into() });
+    }
+    let f = parse::parse_file(file)?;
+    let tokens = model::tokens_from_words(f.words)
+        .map_err(|detail| FormatError::Invalid { offset: 12, what: "token payload", detail })?;
+    let mut blocks = Vec::new();
+    for s in f.all_sections() {
+        let Some(c) = &s.cells else { continue };
+        let plan = plan::plan(&c.pos, block_size).map_err(|p| FormatError::Invalid {
+            offset: (c.meta.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize) as u64,
+            what: "cell positions",
+            detail: format!("position {p} occurs twice in one KV section"),
+        })?;
+        let elem_size = c.elem_size();
+        blocks.extend(emit::cut(c, &plan).into_iter().map(|bytes| Block { bytes, elem_size }));
+    }
+    let n_blocks = u32::try_from(blocks.len())
+        .map_err(|_| FormatError::Invalid { offset: 0, what: "blocks", detail: "more than 2^32 blocks".into() })?;
+    Ok(Decomposed {
+        skeleton: skeleton::encode(&f, block_size, n_blocks),
+        blocks,
+        tokens,
+        layout: layout::layout(&f.sections),
+        n_stream: f.sections.first().map_or(0, |s| s.n_stream),
+        n_checkpoints: f.appendix.as_ref().map_or(0, |a| a.checkpoints.len() as u32),
+    })
 }
 
 /// Token ids recorded in a skeleton.
 pub fn skeleton_tokens(skeleton: &[u8]) -> Result<Vec<i32>, FormatError> {
-    let _ = skeleton;
-    unimplemented!("format::skeleton_tokens")
+    let (_, _, _, words) = skeleton::decode_head(skeleton)?;
+    model::tokens_from_words(words).map_err(FormatError::Skeleton)
 }
 
 /// Number of block references in a skeleton (the manifest's block list must have this length).
+/// Decodes and cross-checks the whole skeleton (cheap: it holds no K/V data).
 pub fn skeleton_block_count(skeleton: &[u8]) -> Result<usize, FormatError> {
-    let _ = skeleton;
-    unimplemented!("format::skeleton_block_count")
+    let (_, plans) = decode_planned(skeleton)?;
+    Ok(plans.iter().map(|p| p.block_cells.len()).sum())
+}
+
+/// Block size (in positions) the skeleton was cut with.
+pub fn skeleton_block_size(skeleton: &[u8]) -> Result<u32, FormatError> {
+    Ok(skeleton::decode_head(skeleton)?.1)
+}
+
+/// Expected byte length of every block the skeleton references, in reference order.
+pub fn skeleton_block_lengths(skeleton: &[u8]) -> Result<Vec<usize>, FormatError> {
+    let (d, plans) = decode_planned(skeleton)?;
+    let mut out = Vec::new();
+    for (c, plan) in d.file.all_sections().filter_map(|s| s.cells.as_ref()).zip(&plans) {
+        out.extend(emit::block_lengths(c, plan)?);
+    }
+    Ok(out)
+}
+
+fn decode_planned(skeleton: &[u8]) -> Result<(skeleton::Decoded<'_>, Vec<Plan>), FormatError> {
+    let d = skeleton::decode(skeleton)?;
+    let plans = plans_of(&d.file, d.block_size)?;
+    let total: usize = plans.iter().map(|p| p.block_cells.len()).sum();
+    if total != d.n_blocks as usize {
+        return Err(FormatError::Skeleton(format!("header says {} blocks, sections need {total}", d.n_blocks)));
+    }
+    Ok((d, plans))
+}
+
+fn plans_of(f: &SlotFile<'_>, block_size: u32) -> Result<Vec<Plan>, FormatError> {
+    f.all_sections()
+        .filter_map(|s| s.cells.as_ref())
+        .map(|c| plan::plan(&c.pos, block_size).map_err(|p| FormatError::Skeleton(format!("duplicate position {p}"))))
+        .collect()
 }
 
 /// Rebuild a file. `blocks[i]` is the block the skeleton references as index i; lengths are checked.
 pub fn recompose(skeleton: &[u8], blocks: &[&[u8]], opts: &EmitOptions) -> Result<Vec<u8>, FormatError> {
-    let _ = (skeleton, blocks, opts);
-    unimplemented!("format::recompose")
+    if let Some(k) = opts.n_stream {
+        if k == 0 || k > MAX_EMIT_STREAMS {
+            return Err(FormatError::Invalid {
+                offset: 0,
+                what: "EmitOptions.n_stream",
+                detail: format!("{k} is outside 1..={MAX_EMIT_STREAMS}"),
+            });
+        }
+    }
+    let (d, plans) = decode_planned(skeleton)?;
+    if blocks.len() != d.n_blocks as usize {
+        return Err(FormatError::Skeleton(format!("skeleton references {} blocks, got {}", d.n_blocks, blocks.len())));
+    }
+    let mut i = 0usize;
+    for (c, plan) in d.file.all_sections().filter_map(|s| s.cells.as_ref()).zip(&plans) {
+        for want in emit::block_lengths(c, plan)? {
+            if blocks[i].len() != want {
+                return Err(FormatError::Skeleton(format!("block {i} has {} bytes, expected {want}", blocks[i].len())));
+            }
+            i += 1;
+        }
+    }
+    let payload: usize = blocks.iter().map(|b| b.len()).sum();
+    let streams = opts.n_stream.unwrap_or(0) as usize * 4 * (d.file.sections.len() + 64);
+    let mut out = Vec::with_capacity(skeleton.len().saturating_add(payload).saturating_add(streams));
+    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream }.file(&d.file, &mut out);
+    Ok(out)
 }

@@ -1,0 +1,179 @@
+//! Slot file bytes -> [`SlotFile`] (structure plus borrowed payload slices). No copying of K/V data.
+//!
+//! The file does not say which memory module wrote it, so the KV sections are parsed greedily: after a
+//! section the rest is empty, starts with the `SCKP` appendix magic, is all zero bytes (padding the server
+//! ignores), or must be another KV section. Whether metadata entries carry the 12-byte cell ext is not
+//! flagged either; the whole file is parsed without it first and, if that fails, with it.
+
+use super::model::*;
+use super::reader::Reader;
+use super::{FormatError, MAGIC, VERSION};
+
+/// "SCKP": llama-server's context-checkpoint appendix.
+pub(crate) const SCKP_MAGIC: u32 = 0x504B_4353;
+pub(crate) const SCKP_VERSION: u32 = 1;
+/// Prefix of `llama_state_seq_get_data` buffers (checkpoint blobs).
+pub(crate) const IO_MAGIC: u32 = 0xAF14_3CD8;
+
+pub(crate) fn parse_file(buf: &[u8]) -> Result<SlotFile<'_>, FormatError> {
+    let mut r = Reader::new(buf, 0);
+    let magic = r.u32("magic")?;
+    if magic != MAGIC {
+        return Err(FormatError::BadMagic { found: magic });
+    }
+    let version = r.u32("version")?;
+    if version != VERSION {
+        return Err(FormatError::BadVersion { found: version });
+    }
+    match parse_rest(r.clone(), false) {
+        Ok(f) => Ok(f),
+        Err(e0) => match parse_rest(r, true) {
+            Ok(f) => Ok(f),
+            // Report the attempt that got further: it is the likelier reading of the file.
+            Err(e1) if err_offset(&e1) > err_offset(&e0) => Err(e1),
+            Err(_) => Err(e0),
+        },
+    }
+}
+
+fn err_offset(e: &FormatError) -> u64 {
+    match e {
+        FormatError::Truncated { offset, .. } | FormatError::Invalid { offset, .. } => *offset,
+        _ => 0,
+    }
+}
+
+fn parse_rest<'a>(mut r: Reader<'a>, ext: bool) -> Result<SlotFile<'a>, FormatError> {
+    let n_words = r.u32("n_token_words")?;
+    let words = r.take(n_words as u64 * 4, "token words")?;
+    tokens_from_words(words).map_err(|d| FormatError::Invalid { offset: 12, what: "token payload", detail: d })?;
+
+    let mut sections = vec![parse_section(&mut r, ext)?];
+    loop {
+        let rest = r.peek_rest();
+        if rest.is_empty() || r.peek_u32() == Some(SCKP_MAGIC) || rest.iter().all(|&b| b == 0) {
+            break;
+        }
+        sections.push(parse_section(&mut r, ext)?);
+    }
+    let appendix = if r.peek_u32() == Some(SCKP_MAGIC) { Some(parse_appendix(&mut r, ext)?) } else { None };
+    Ok(SlotFile { words, sections, appendix, trailing: r.rest() })
+}
+
+/// One KV section (`llama_kv_cache::state_write`).
+pub(crate) fn parse_section<'a>(r: &mut Reader<'a>, ext: bool) -> Result<Section<'a>, FormatError> {
+    let n_stream = r.u32("n_stream")?;
+    if n_stream == 0 || n_stream > super::MAX_EMIT_STREAMS {
+        return Err(r.invalid(4, "n_stream", format!("{n_stream} streams is outside 1..={}", super::MAX_EMIT_STREAMS)));
+    }
+    let mut cells = None;
+    let mut cell_stream = 0;
+    for s in 0..n_stream {
+        let count = r.u32("cell_count")?;
+        if count == 0 {
+            continue;
+        }
+        if cells.is_some() {
+            return Err(r.invalid(4, "cell_count", format!("stream {s} holds cells too; only single-sequence saves are supported")));
+        }
+        cells = Some(parse_cells(r, count, ext)?);
+        cell_stream = s;
+    }
+    Ok(Section { n_stream, cell_stream, cell_ext: ext, cells })
+}
+
+fn parse_cells<'a>(r: &mut Reader<'a>, count: u32, ext: bool) -> Result<Cells<'a>, FormatError> {
+    let meta_start = r.peek_rest();
+    let before = r.remaining();
+    let pos = scan_meta(r, count, ext)?;
+    let meta = &meta_start[..before - r.remaining()];
+    // A single sequence holds each position once; a duplicate also exposes a wrong cell-ext guess.
+    let mut sorted = pos.clone();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(FormatError::Invalid {
+            offset: r.offset() - (before - r.remaining()) as u64,
+            what: "cell positions",
+            detail: format!("position {} occurs twice in one KV section", w[0]),
+        });
+    }
+
+    let v_trans = r.u32("v_trans")?;
+    if v_trans > 1 {
+        return Err(r.invalid(4, "v_trans", format!("{v_trans} is neither 0 nor 1")));
+    }
+    let n_layer = r.u32("n_layer")?;
+    let n_rot_k = r.u32("n_rot_k")?;
+    let n_rot_v = r.u32("n_rot_v")?;
+    // Each layer needs at least a 12-byte K header and a 12-byte V header.
+    r.need(n_layer as u64 * 24, "layer headers")?;
+    let payload_len = |r: &Reader<'_>, row: u64, what: &'static str| {
+        row.checked_mul(count as u64).ok_or_else(|| r.invalid(12, what, format!("row size {row} x {count} cells overflows")))
+    };
+    let mut ks = Vec::with_capacity(n_layer as usize);
+    for _ in 0..n_layer {
+        let ty = r.i32("K type")?;
+        let row = r.u64("K row size")?;
+        let len = payload_len(r, row, "K row size")?;
+        ks.push((ty, row, r.take(len, "K rows")?));
+    }
+    let mut layers = Vec::with_capacity(n_layer as usize);
+    let mut payload = Vec::with_capacity(n_layer as usize);
+    for (k_ty, k_row, k_data) in ks {
+        let ty = r.i32("V type")?;
+        let v = if v_trans == 0 {
+            VLayout::Rows { ty, row: r.u64("V row size")? }
+        } else {
+            VLayout::Trans { ty, el: r.u32("V el size")?, n_embd: r.u32("V n_embd_v_gqa")? }
+        };
+        let len = payload_len(r, v.row_bytes(), "V size")?;
+        let v_data = r.take(len, "V data")?;
+        layers.push(LayerHdr { k_ty, k_row, v });
+        payload.push((k_data, v_data));
+    }
+    Ok(Cells { count, meta, pos, v_trans, n_rot_k, n_rot_v, layers, payload })
+}
+
+fn parse_appendix<'a>(r: &mut Reader<'a>, ext: bool) -> Result<Appendix<'a>, FormatError> {
+    r.u32("SCKP magic")?;
+    let version = r.u32("SCKP version")?;
+    if version != SCKP_VERSION {
+        return Err(r.invalid(4, "SCKP version", format!("{version}, expected {SCKP_VERSION}")));
+    }
+    let count = r.u32("SCKP count")?;
+    // n_tokens, pos_min, pos_max and three u64 lengths: 40 bytes at least per checkpoint.
+    r.need(count as u64 * 40, "SCKP checkpoints")?;
+    let mut checkpoints = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let n_tokens = r.i64("checkpoint n_tokens")?;
+        let pos_min = r.i32("checkpoint pos_min")?;
+        let pos_max = r.i32("checkpoint pos_max")?;
+        let n = r.u64("checkpoint data_tgt length")?;
+        let tgt_off = r.offset();
+        let tgt = parse_tgt(r.take(n, "checkpoint data_tgt")?, tgt_off, ext);
+        let n = r.u64("checkpoint data_dft length")?;
+        let dft = r.take(n, "checkpoint data_dft")?;
+        let n = r.u64("checkpoint data_spec length")?;
+        let spec = r.take(n, "checkpoint data_spec")?;
+        checkpoints.push(Checkpoint { n_tokens, pos_min, pos_max, tgt, dft, spec });
+    }
+    Ok(Appendix { version, checkpoints })
+}
+
+/// `io_magic, seq_id, KV sections...` filling the blob exactly, or else the blob verbatim.
+fn parse_tgt(blob: &[u8], base: u64, ext: bool) -> Tgt<'_> {
+    let parsed = || -> Result<Tgt<'_>, FormatError> {
+        let mut r = Reader::new(blob, base);
+        let io_magic = r.u32("io magic")?;
+        if io_magic != IO_MAGIC {
+            return Err(r.invalid(4, "io magic", "not a state blob"));
+        }
+        let seq_id = r.i32("seq_id")?;
+        let mut sections = vec![parse_section(&mut r, ext)?];
+        while !r.is_empty() {
+            sections.push(parse_section(&mut r, ext)?);
+        }
+        Ok(Tgt::Parsed { io_magic, seq_id, sections })
+    };
+    parsed().unwrap_or(Tgt::Opaque(blob))
+}
