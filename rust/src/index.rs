@@ -1,0 +1,346 @@
+//! The LMDB index (heed): one `Index` owns the `Env` and every typed table (docs/design.md "LMDB").
+//! Also the naming rules: names and namespaces are data, never paths.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use heed::byteorder::BigEndian;
+use heed::types::{Bytes, SerdeJson, Str, U32};
+use heed::{BoxedError, BytesDecode, BytesEncode, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
+use serde::{Deserialize, Serialize};
+
+use crate::objects::ObjectId;
+
+pub const SCHEMA_VERSION: &str = "1";
+pub const MAX_NAME_BYTES: usize = 200;
+
+/// Table names, all created in one write transaction by `Index::open`.
+pub mod db_name {
+    pub const META: &str = "meta";
+    pub const NAMES: &str = "names";
+    pub const MANIFESTS: &str = "manifests";
+    pub const PREFIXES: &str = "prefixes";
+    pub const OBJECTS: &str = "objects";
+}
+
+/// Keys of the `meta` table.
+pub mod meta_key {
+    pub const SCHEMA_VERSION: &str = "schema_version";
+    pub const BLOCK_SIZE: &str = "block_size";
+    pub const CREATED: &str = "created";
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("invalid {what} {shown}: {reason}")]
+    InvalidName { what: &'static str, shown: String, reason: String },
+    #[error("the index map is full ({}): reopen the store with a larger map_size_mib or run `kvstore gc`; nothing was committed", path.display())]
+    MapFull { path: PathBuf },
+    #[error("no space left on device for the index ({}): free disk space; nothing was committed", path.display())]
+    DiskFull { path: PathBuf },
+    #[error("index {}: {source}", path.display())]
+    Lmdb { path: PathBuf, source: heed::Error },
+    #[error("index table `{table}`, key {key}: {detail}; run `kvstore verify`")]
+    Corrupt { table: &'static str, key: String, detail: String },
+    #[error("index {}: schema version {found}, this build reads {SCHEMA_VERSION}", path.display())]
+    Schema { path: PathBuf, found: String },
+}
+
+/// A `names` row value.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NameRecord {
+    /// Manifest id, hex.
+    pub manifest: String,
+    /// Unix seconds when this state was stored under the name.
+    pub created: f64,
+    /// Unix seconds of the last `touch` (or of the ingest).
+    pub last_used: f64,
+}
+
+/// An `objects` row value: u64be raw_len ‖ u64be stored_len.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectRow {
+    pub raw_len: u64,
+    pub stored_len: u64,
+}
+
+/// 32-byte object/manifest id keys.
+pub enum IdCodec {}
+impl<'a> BytesEncode<'a> for IdCodec {
+    type EItem = ObjectId;
+    fn bytes_encode(item: &'a ObjectId) -> Result<Cow<'a, [u8]>, BoxedError> {
+        Ok(Cow::Borrowed(&item.0))
+    }
+}
+impl<'a> BytesDecode<'a> for IdCodec {
+    type DItem = ObjectId;
+    fn bytes_decode(b: &'a [u8]) -> Result<ObjectId, BoxedError> {
+        Ok(ObjectId(b.try_into().map_err(|_| format!("id key of {} bytes, expected 32", b.len()))?))
+    }
+}
+
+/// `namespace \0 name` keys.
+pub enum NameKeyCodec {}
+impl<'a> BytesEncode<'a> for NameKeyCodec {
+    type EItem = (&'a str, &'a str);
+    fn bytes_encode((ns, name): &'a (&'a str, &'a str)) -> Result<Cow<'a, [u8]>, BoxedError> {
+        let mut k = Vec::with_capacity(ns.len() + 1 + name.len());
+        k.extend_from_slice(ns.as_bytes());
+        k.push(0);
+        k.extend_from_slice(name.as_bytes());
+        Ok(Cow::Owned(k))
+    }
+}
+impl<'a> BytesDecode<'a> for NameKeyCodec {
+    type DItem = (&'a str, &'a str);
+    fn bytes_decode(b: &'a [u8]) -> Result<(&'a str, &'a str), BoxedError> {
+        let i = b.iter().position(|&c| c == 0).ok_or("name key without NUL separator")?;
+        Ok((std::str::from_utf8(&b[..i])?, std::str::from_utf8(&b[i + 1..])?))
+    }
+}
+
+/// `prefix key ‖ manifest id` keys (64 bytes).
+pub enum PrefixKeyCodec {}
+impl<'a> BytesEncode<'a> for PrefixKeyCodec {
+    type EItem = ([u8; 32], ObjectId);
+    fn bytes_encode((h, m): &'a ([u8; 32], ObjectId)) -> Result<Cow<'a, [u8]>, BoxedError> {
+        let mut k = Vec::with_capacity(64);
+        k.extend_from_slice(h);
+        k.extend_from_slice(&m.0);
+        Ok(Cow::Owned(k))
+    }
+}
+impl<'a> BytesDecode<'a> for PrefixKeyCodec {
+    type DItem = ([u8; 32], ObjectId);
+    fn bytes_decode(b: &'a [u8]) -> Result<([u8; 32], ObjectId), BoxedError> {
+        if b.len() != 64 {
+            return Err(format!("prefix key of {} bytes, expected 64", b.len()).into());
+        }
+        Ok((b[..32].try_into().unwrap(), ObjectId(b[32..].try_into().unwrap())))
+    }
+}
+
+pub enum ObjectRowCodec {}
+impl<'a> BytesEncode<'a> for ObjectRowCodec {
+    type EItem = ObjectRow;
+    fn bytes_encode(r: &'a ObjectRow) -> Result<Cow<'a, [u8]>, BoxedError> {
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(&r.raw_len.to_be_bytes());
+        v.extend_from_slice(&r.stored_len.to_be_bytes());
+        Ok(Cow::Owned(v))
+    }
+}
+impl<'a> BytesDecode<'a> for ObjectRowCodec {
+    type DItem = ObjectRow;
+    fn bytes_decode(b: &'a [u8]) -> Result<ObjectRow, BoxedError> {
+        if b.len() != 16 {
+            return Err(format!("object row of {} bytes, expected 16", b.len()).into());
+        }
+        Ok(ObjectRow {
+            raw_len: u64::from_be_bytes(b[..8].try_into().unwrap()),
+            stored_len: u64::from_be_bytes(b[8..].try_into().unwrap()),
+        })
+    }
+}
+
+pub struct Index {
+    path: PathBuf,
+    env: Env<WithoutTls>,
+    pub meta: Database<Str, Str>,
+    pub names: Database<NameKeyCodec, SerdeJson<NameRecord>>,
+    pub manifests: Database<IdCodec, Bytes>,
+    pub prefixes: Database<PrefixKeyCodec, U32<BigEndian>>,
+    pub objects: Database<IdCodec, ObjectRowCodec>,
+}
+
+/// heed refuses to open one env twice in a process; Stores on the same path share one `Index`.
+fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<Index>>> {
+    static R: OnceLock<Mutex<HashMap<PathBuf, Weak<Index>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+impl Index {
+    /// Open (or create) the index at `path`. On creation `meta` gets `schema_version`, `created` and
+    /// `block_size` = `block_size`; the caller reads back the stored block size with [`Index::block_size`].
+    pub fn open(path: &Path, map_size: usize, block_size: u32) -> Result<Arc<Index>, IndexError> {
+        std::fs::create_dir_all(path).map_err(|e| IndexError::Lmdb { path: path.into(), source: e.into() })?;
+        let canon = path.canonicalize().map_err(|e| IndexError::Lmdb { path: path.into(), source: e.into() })?;
+        let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ix) = reg.get(&canon).and_then(Weak::upgrade) {
+            return Ok(ix);
+        }
+        let lm = |source| lmdb_err(&canon, source);
+        // SAFETY: local filesystem, short transactions, one Env per path per process (the registry above).
+        let env = unsafe {
+            EnvOpenOptions::new().read_txn_without_tls().map_size(map_size).max_dbs(8).max_readers(1022).open(&canon)
+        }
+        .map_err(lm)?;
+        let mut w = env.write_txn().map_err(lm)?;
+        let meta = env.create_database(&mut w, Some(db_name::META)).map_err(lm)?;
+        let names = env.create_database(&mut w, Some(db_name::NAMES)).map_err(lm)?;
+        let manifests = env.create_database(&mut w, Some(db_name::MANIFESTS)).map_err(lm)?;
+        let prefixes = env.create_database(&mut w, Some(db_name::PREFIXES)).map_err(lm)?;
+        let objects = env.create_database(&mut w, Some(db_name::OBJECTS)).map_err(lm)?;
+        let ix = Index { path: canon.clone(), env: env.clone(), meta, names, manifests, prefixes, objects };
+        match ix.meta.get(&w, meta_key::SCHEMA_VERSION).map_err(lm)? {
+            None => {
+                ix.meta.put(&mut w, meta_key::SCHEMA_VERSION, SCHEMA_VERSION).map_err(lm)?;
+                ix.meta.put(&mut w, meta_key::BLOCK_SIZE, &block_size.to_string()).map_err(lm)?;
+                ix.meta.put(&mut w, meta_key::CREATED, &format!("{}", crate::manifest::now_secs())).map_err(lm)?;
+            }
+            Some(v) if v == SCHEMA_VERSION => {}
+            Some(v) => return Err(IndexError::Schema { path: canon, found: v.to_string() }),
+        }
+        w.commit().map_err(lm)?;
+        let ix = Arc::new(ix);
+        reg.retain(|_, w| w.strong_count() > 0);
+        reg.insert(canon, Arc::downgrade(&ix));
+        Ok(ix)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn read_txn(&self) -> Result<RoTxn<'_, WithoutTls>, IndexError> {
+        self.env.read_txn().map_err(|e| self.err(e))
+    }
+    pub fn write_txn(&self) -> Result<RwTxn<'_>, IndexError> {
+        self.env.write_txn().map_err(|e| self.err(e))
+    }
+    /// Wrap a heed error with this index's path (MapFull / ENOSPC become the "full" variants).
+    pub fn err(&self, e: heed::Error) -> IndexError {
+        lmdb_err(&self.path, e)
+    }
+
+    /// The block size recorded when the store was created.
+    pub fn block_size(&self) -> Result<u32, IndexError> {
+        let r = self.read_txn()?;
+        let v = self.meta.get(&r, meta_key::BLOCK_SIZE).map_err(|e| self.err(e))?;
+        let v = v.ok_or_else(|| IndexError::Corrupt {
+            table: db_name::META,
+            key: meta_key::BLOCK_SIZE.into(),
+            detail: "missing".into(),
+        })?;
+        v.parse().map_err(|_| IndexError::Corrupt {
+            table: db_name::META,
+            key: meta_key::BLOCK_SIZE.into(),
+            detail: format!("not a number: {v:?}"),
+        })
+    }
+}
+
+fn lmdb_err(path: &Path, e: heed::Error) -> IndexError {
+    match e {
+        heed::Error::Mdb(heed::MdbError::MapFull) => IndexError::MapFull { path: path.into() },
+        heed::Error::Io(ref io) if crate::objects::is_disk_full(io) => IndexError::DiskFull { path: path.into() },
+        e => IndexError::Lmdb { path: path.into(), source: e },
+    }
+}
+
+/// Check a name (`what` = "name": 1..=200 bytes) or namespace (`what` = "namespace": 0..=200 bytes).
+/// Names are identifiers, never paths: no NUL/control characters, '/', '\\', "..", or surrounding whitespace.
+pub fn validate_name(s: &str, what: &'static str) -> Result<(), IndexError> {
+    let fail = |reason: String| {
+        let shown = if s.chars().count() > 40 {
+            format!("'{}…'", s.chars().take(40).collect::<String>().escape_debug())
+        } else {
+            format!("'{}'", s.escape_debug())
+        };
+        Err(IndexError::InvalidName { what, shown, reason })
+    };
+    let min = if what == "namespace" { 0 } else { 1 };
+    if s.len() < min {
+        return fail(format!("a {what} must not be empty"));
+    }
+    if s.len() > MAX_NAME_BYTES {
+        return fail(format!("{} bytes long; the limit is {MAX_NAME_BYTES} bytes (UTF-8)", s.len()));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return fail(format!("contains control character U+{:04X}; {what}s are printable text", c as u32));
+    }
+    if s.contains('/') {
+        return fail(format!("{what} contains '/': {what}s are identifiers, not paths"));
+    }
+    if s.contains('\\') {
+        return fail(format!("{what} contains '\\': {what}s are identifiers, not paths"));
+    }
+    if s.contains("..") {
+        return fail(format!("{what} contains '..': {what}s are identifiers, not paths"));
+    }
+    if s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace) {
+        return fail(format!("{what} has leading or trailing whitespace"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::tests::TempDir;
+
+    #[test]
+    fn name_rules() {
+        for ok in ["a", "user-42", "conv:2024/x".replace('/', "_").as_str(), "日本語", "a.b", "x y"] {
+            validate_name(ok, "name").unwrap();
+        }
+        validate_name("", "namespace").unwrap();
+        let bad = [
+            ("", "empty"),
+            ("a/b", "'/'"),
+            ("a\\b", "'\\'"),
+            ("..", "'..'"),
+            ("a..b", "'..'"),
+            ("a\0b", "control"),
+            ("a\nb", "control"),
+            (" a", "whitespace"),
+            ("a\t", "control"),
+            ("a ", "whitespace"),
+        ];
+        for (s, why) in bad {
+            let e = validate_name(s, "name").unwrap_err().to_string();
+            assert!(e.contains(why), "{s:?}: {e}");
+        }
+        let long = "x".repeat(10_000);
+        let e = validate_name(&long, "name").unwrap_err().to_string();
+        assert!(e.contains("10000 bytes") && e.len() < 300, "{e}");
+        validate_name(&"x".repeat(200), "name").unwrap();
+        assert!(validate_name(&"é".repeat(101), "name").is_err()); // 202 bytes
+        let e = validate_name("a/b", "name").unwrap_err().to_string();
+        assert_eq!(e, "invalid name 'a/b': name contains '/': names are identifiers, not paths");
+    }
+
+    #[test]
+    fn open_twice_shares_env_and_keeps_block_size() {
+        let d = TempDir::new("index");
+        let a = Index::open(&d.0.join("index"), 1 << 24, 64).unwrap();
+        let b = Index::open(&d.0.join("index"), 1 << 24, 16).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(b.block_size().unwrap(), 64);
+        let id = ObjectId::of(b"m");
+        let mut w = a.write_txn().unwrap();
+        a.names
+            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id.hex(), created: 1.0, last_used: 2.0 })
+            .unwrap();
+        a.prefixes.put(&mut w, &([7u8; 32], id), &128).unwrap();
+        a.objects.put(&mut w, &id, &ObjectRow { raw_len: 5, stored_len: 3 }).unwrap();
+        w.commit().unwrap();
+        let r = b.read_txn().unwrap();
+        assert_eq!(b.names.get(&r, &("ns", "n")).unwrap().unwrap().manifest, id.hex());
+        assert_eq!(b.objects.get(&r, &id).unwrap(), Some(ObjectRow { raw_len: 5, stored_len: 3 }));
+        let hits: Vec<_> = b
+            .prefixes
+            .remap_key_type::<Bytes>()
+            .prefix_iter(&r, &[7u8; 32][..])
+            .unwrap()
+            .map(|kv| kv.unwrap().1)
+            .collect();
+        assert_eq!(hits, vec![128]);
+        drop(r);
+        drop((a, b));
+        // Reopen after the last handle closed.
+        let c = Index::open(&d.0.join("index"), 1 << 24, 32).unwrap();
+        assert_eq!(c.block_size().unwrap(), 64);
+    }
+}

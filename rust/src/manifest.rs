@@ -1,0 +1,273 @@
+//! The manifest record (one saved state), fingerprint canonicalization and checks, and the prefix-key chain.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::objects::{hex, ObjectId};
+
+pub const MANIFEST_VERSION: u32 = 1;
+/// Domain separator of the prefix-key chain (docs/design.md "Prefix keys").
+pub const PREFIX_DOMAIN: &[u8] = b"kvstore-prefix-v1";
+/// Fingerprint key compared as "server context >= state tokens", and left out of `fingerprint_id`.
+pub const N_CTX_SLOT: &str = "n_ctx_slot";
+/// Pseudo-key of `expect` compared against the manifest's layout (derived from the file).
+pub const LAYOUT: &str = "layout";
+
+pub type Fingerprint = BTreeMap<String, String>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("state '{state}' was saved with {key}={stored}, this server has {key}={server}; restore it into a matching server, or evaluate the prompt again")]
+    FingerprintMismatch { state: String, key: String, stored: String, server: String },
+    #[error("state '{state}' holds {n_tokens} tokens but this server's slot context is n_ctx_slot={server}; raise the context (-c / --parallel) or evaluate the prompt again")]
+    ContextTooSmall { state: String, n_tokens: u64, server: String },
+    #[error("manifest {id}: {detail}; run `kvstore verify`")]
+    Invalid { id: ObjectId, detail: String },
+}
+
+/// One saved state (docs/design.md "Manifest JSON"). Field order is the JSON order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub version: u32,
+    /// The caller's fingerprint as given (including `n_ctx_slot` if present).
+    pub fingerprint: Fingerprint,
+    /// Hex blake3 of the canonical fingerprint without `n_ctx_slot`.
+    pub fingerprint_id: String,
+    pub layout: String,
+    pub n_tokens: u64,
+    pub tokens: Vec<i32>,
+    pub file_bytes: u64,
+    /// Hex blake3 of the original slot file.
+    pub file_hash: String,
+    /// Skeleton object id, hex.
+    pub skeleton: String,
+    /// Block object ids, hex, in the order the skeleton references them (repeats allowed).
+    pub blocks: Vec<String>,
+    pub block_size: u32,
+    /// Parent manifest id, hex.
+    pub parent: Option<String>,
+    /// Unix seconds.
+    pub created: u64,
+    /// `n_stream` of the saved file (addition to design.md: decides whether a re-emit is byte-exact).
+    #[serde(default)]
+    pub n_stream: u32,
+}
+
+impl Manifest {
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("manifest serializes")
+    }
+    pub fn from_json(id: ObjectId, bytes: &[u8]) -> Result<Self, ManifestError> {
+        let m: Manifest = serde_json::from_slice(bytes)
+            .map_err(|e| ManifestError::Invalid { id, detail: format!("not a manifest: {e}") })?;
+        if m.version != MANIFEST_VERSION {
+            return Err(ManifestError::Invalid { id, detail: format!("manifest version {} is not supported", m.version) });
+        }
+        Ok(m)
+    }
+    pub fn skeleton_id(&self, id: ObjectId) -> Result<ObjectId, ManifestError> {
+        parse_id(id, &self.skeleton)
+    }
+    pub fn block_ids(&self, id: ObjectId) -> Result<Vec<ObjectId>, ManifestError> {
+        self.blocks.iter().map(|h| parse_id(id, h)).collect()
+    }
+    pub fn parent_id(&self) -> Option<ObjectId> {
+        self.parent.as_deref().and_then(ObjectId::from_hex)
+    }
+    /// Skeleton and distinct blocks: every object this manifest needs besides itself.
+    pub fn referenced(&self, id: ObjectId) -> Result<Vec<ObjectId>, ManifestError> {
+        let mut v = self.block_ids(id)?;
+        v.push(self.skeleton_id(id)?);
+        v.sort_unstable();
+        v.dedup();
+        Ok(v)
+    }
+}
+
+fn parse_id(manifest: ObjectId, h: &str) -> Result<ObjectId, ManifestError> {
+    ObjectId::from_hex(h).ok_or_else(|| ManifestError::Invalid { id: manifest, detail: format!("bad object id {h:?}") })
+}
+
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub fn now_f64() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Canonical JSON of a fingerprint: sorted keys, no whitespace, serde_json escaping.
+pub fn canonical_json(fp: &Fingerprint) -> String {
+    serde_json::to_string(fp).expect("string map serializes")
+}
+
+/// blake3 of the canonical JSON of the fingerprint without `n_ctx_slot`.
+pub fn fingerprint_id(fp: &Fingerprint) -> [u8; 32] {
+    let mut f = fp.clone();
+    f.remove(N_CTX_SLOT);
+    *blake3::hash(canonical_json(&f).as_bytes()).as_bytes()
+}
+
+pub fn fingerprint_id_hex(fp: &Fingerprint) -> String {
+    hex(&fingerprint_id(fp))
+}
+
+/// Check that a state (`m`, shown as `state`) can be restored into a server described by `expect`.
+/// Every key present on both sides must be equal (`layout` is compared with the manifest's layout), except
+/// `n_ctx_slot`, which must be >= the state's token count.
+pub fn check_expect(state: &str, m: &Manifest, expect: &Fingerprint) -> Result<(), ManifestError> {
+    for (key, server) in expect {
+        if key == N_CTX_SLOT {
+            let ok = server.trim().parse::<u64>().map(|n| n >= m.n_tokens).unwrap_or(false);
+            if !ok {
+                return Err(ManifestError::ContextTooSmall {
+                    state: state.into(),
+                    n_tokens: m.n_tokens,
+                    server: server.clone(),
+                });
+            }
+            continue;
+        }
+        let stored = if key == LAYOUT && !m.fingerprint.contains_key(LAYOUT) {
+            Some(&m.layout)
+        } else {
+            m.fingerprint.get(key)
+        };
+        if let Some(stored) = stored {
+            if stored != server {
+                return Err(ManifestError::FingerprintMismatch {
+                    state: state.into(),
+                    key: key.clone(),
+                    stored: stored.clone(),
+                    server: server.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `h0 = blake3("kvstore-prefix-v1" ‖ namespace ‖ \0 ‖ fingerprint_id)`.
+pub fn prefix_seed(namespace: &str, fingerprint_id: &[u8; 32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(PREFIX_DOMAIN);
+    h.update(namespace.as_bytes());
+    h.update(&[0]);
+    h.update(fingerprint_id);
+    *h.finalize().as_bytes()
+}
+
+/// `[h(1), .., h(floor(n/B))]` with `h(k+1) = blake3(h(k) ‖ tokens[kB..(k+1)B] as i32le)`.
+pub fn prefix_chain(namespace: &str, fingerprint_id: &[u8; 32], tokens: &[i32], block_size: u32) -> Vec<[u8; 32]> {
+    let b = block_size.max(1) as usize;
+    let mut h = prefix_seed(namespace, fingerprint_id);
+    let mut out = Vec::with_capacity(tokens.len() / b);
+    for chunk in tokens.chunks_exact(b) {
+        let mut x = blake3::Hasher::new();
+        x.update(&h);
+        for t in chunk {
+            x.update(&t.to_le_bytes());
+        }
+        h = *x.finalize().as_bytes();
+        out.push(h);
+    }
+    out
+}
+
+/// Length of the common prefix of two token lists.
+pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp(kv: &[(&str, &str)]) -> Fingerprint {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn manifest(n_tokens: u64, f: Fingerprint) -> Manifest {
+        Manifest {
+            version: 1,
+            fingerprint_id: fingerprint_id_hex(&f),
+            fingerprint: f,
+            layout: "kv[1:f16/64,f16/64;vt0;rot0,0]".into(),
+            n_tokens,
+            tokens: (0..n_tokens as i32).collect(),
+            file_bytes: 10,
+            file_hash: "00".repeat(32),
+            skeleton: "11".repeat(32),
+            blocks: vec!["22".repeat(32)],
+            block_size: 64,
+            parent: None,
+            created: 1,
+            n_stream: 1,
+        }
+    }
+
+    #[test]
+    fn fingerprint_id_ignores_n_ctx_slot_and_order() {
+        let a = fp(&[("model", "abc"), ("flash_attn", "on"), ("n_ctx_slot", "4096")]);
+        let b = fp(&[("flash_attn", "on"), ("model", "abc")]);
+        assert_eq!(fingerprint_id(&a), fingerprint_id(&b));
+        assert_ne!(fingerprint_id(&b), fingerprint_id(&fp(&[("flash_attn", "off"), ("model", "abc")])));
+        assert_eq!(canonical_json(&b), r#"{"flash_attn":"on","model":"abc"}"#);
+        // Pinned: changing the canonical form breaks every stored prefix key.
+        assert_eq!(fingerprint_id_hex(&Fingerprint::new()), hex(blake3::hash(b"{}").as_bytes()));
+    }
+
+    #[test]
+    fn expect_checks() {
+        let m = manifest(100, fp(&[("model", "abc"), ("flash_attn", "on"), ("n_ctx_slot", "4096")]));
+        check_expect("x", &m, &fp(&[("model", "abc"), ("flash_attn", "on"), ("n_ctx_slot", "100")])).unwrap();
+        check_expect("x", &m, &fp(&[("other", "1")])).unwrap();
+        let e = check_expect("x", &m, &fp(&[("flash_attn", "off")])).unwrap_err().to_string();
+        assert!(e.starts_with("state 'x' was saved with flash_attn=on, this server has flash_attn=off"), "{e}");
+        let e = check_expect("x", &m, &fp(&[("n_ctx_slot", "99")])).unwrap_err().to_string();
+        assert!(e.contains("100 tokens") && e.contains("n_ctx_slot=99"), "{e}");
+        assert!(check_expect("x", &m, &fp(&[("n_ctx_slot", "lots")])).is_err());
+        let e = check_expect("x", &m, &fp(&[("layout", "other")])).unwrap_err().to_string();
+        assert!(e.contains("layout=kv[1:"), "{e}");
+        check_expect("x", &m, &fp(&[("layout", &m.layout.clone())])).unwrap();
+    }
+
+    #[test]
+    fn prefix_chain_is_deterministic_and_chained() {
+        let f = fingerprint_id(&fp(&[("model", "abc")]));
+        let t: Vec<i32> = (0..200).collect();
+        let a = prefix_chain("", &f, &t, 64);
+        assert_eq!(a.len(), 3);
+        assert_eq!(a, prefix_chain("", &f, &t[..199], 64));
+        assert_eq!(&prefix_chain("", &f, &t[..64], 64)[..], &a[..1]);
+        assert_ne!(a, prefix_chain("tenant", &f, &t, 64));
+        assert_ne!(a[0], prefix_chain("", &fingerprint_id(&Fingerprint::new()), &t, 64)[0]);
+        let mut t2 = t.clone();
+        t2[100] = -1;
+        let b = prefix_chain("", &f, &t2, 64);
+        assert_eq!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+        assert_ne!(a[2], b[2]);
+        // The spec, spelled out for h(1).
+        let mut h0 = blake3::Hasher::new();
+        h0.update(b"kvstore-prefix-v1\0");
+        h0.update(&f);
+        let mut h1 = blake3::Hasher::new();
+        h1.update(h0.finalize().as_bytes());
+        for x in 0..64i32 {
+            h1.update(&x.to_le_bytes());
+        }
+        assert_eq!(a[0], *h1.finalize().as_bytes());
+    }
+
+    #[test]
+    fn manifest_json_round_trip() {
+        let m = manifest(3, fp(&[("a", "b")]));
+        let j = m.to_json();
+        let s = String::from_utf8(j.clone()).unwrap();
+        assert!(s.starts_with(r#"{"version":1,"fingerprint":{"a":"b"},"fingerprint_id":""#), "{s}");
+        assert_eq!(Manifest::from_json(ObjectId::of(&j), &j).unwrap(), m);
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+    }
+}
