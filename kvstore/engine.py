@@ -91,3 +91,56 @@ class EmbeddedServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def add_engine_args(p) -> None:
+    """llama-server's own flag names, so its users need not learn new ones."""
+    p.add_argument("-m", "--model", default=None, help="GGUF path, or 'gemma3' / 'smollm2' (PyPI models)")
+    p.add_argument("-np", "--parallel", type=int, default=2, help="slots (default 2)")
+    p.add_argument("-c", "--ctx-size", type=int, default=8192, help="total context, split across slots")
+    p.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=sorted(_TYPES))
+    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=sorted(_TYPES))
+    p.add_argument("--cache-ram", type=int, default=8192, help="llama-server's host prompt cache in MiB (0 = off)")
+    p.add_argument("--swa-full", action="store_true")
+    p.add_argument("--kv-unified", action="store_true")
+    p.add_argument("-b", "--batch-size", type=int, default=2048)
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    p.add_argument("-t", "--threads", type=int, default=0)
+
+
+def config_from_args(args, slot_save_path: Optional[str] = None, port: int = 0) -> EngineConfig:
+    from kvstore.models import default_model, model_path
+
+    model = model_path(args.model) if args.model else default_model()
+    return EngineConfig(
+        model=str(model), parallel=args.parallel, ctx_size=args.ctx_size, slot_save_path=slot_save_path,
+        port=port, flash_attn=args.flash_attn, cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
+        cache_ram=args.cache_ram, swa_full=args.swa_full, kv_unified=args.kv_unified,
+        batch_size=args.batch_size, ubatch_size=args.ubatch_size, threads=args.threads,
+    )
+
+
+def main(argv=None) -> int:
+    """`python -m kvstore.engine`: a plain llama.cpp server (no kvstore), for benchmarks and by-hand use."""
+    import argparse
+    import signal
+    import threading
+
+    p = argparse.ArgumentParser(prog="python -m kvstore.engine", description=main.__doc__)
+    add_engine_args(p)
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--slot-save-path", default=None)
+    args = p.parse_args(argv)
+    server = EmbeddedServer(config_from_args(args, slot_save_path=args.slot_save_path, port=args.port))
+    print(f"llama.cpp server listening on {server.url}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

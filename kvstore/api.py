@@ -1,0 +1,205 @@
+"""The Python face of the store: `open_store`, `save`, `restore`.
+
+`save(name, slot)` moves the state of a llama-server slot into the store under a name; `restore(name, slot)`
+moves it back into a slot (any slot, of any server with the same fingerprint). Two kinds of server:
+
+* a `kvstore serve` proxy: the request is sent as llama-server's own `POST /slots/{slot}?action=save|restore`
+  with `{"filename": name}`; the proxy intercepts it and uses its store (namespace in `X-KV-Namespace`);
+* a plain llama-server whose `--slot-save-path` is the store's sync directory (`kvstore.config.sync_dir`):
+  the server writes/reads a file with a generated name there (names are never used as file names), and the
+  store ingests/materializes it. The file is always removed afterwards.
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from kvstore import config
+from kvstore.errors import CORE_IMPORT_ERROR, ServerError
+from kvstore.server import LlamaServer
+
+if CORE_IMPORT_ERROR is None:
+    from kvstore._core import Store, hash_file, inspect_state, validate_name
+else:
+    _HINT = ("kvstore's compiled core (kvstore._core) is not available: build it with "
+             "`maturin develop --release` (or pip install the kvstore wheel)")
+
+    class Store:  # type: ignore[no-redef]
+        """Stand-in for the compiled `kvstore._core.Store` when the core is not built."""
+
+        def __init__(self, *args, **kwargs):
+            raise ImportError(f"{_HINT} ({CORE_IMPORT_ERROR})")
+
+    def _missing(*args, **kwargs):
+        raise ImportError(f"{_HINT} ({CORE_IMPORT_ERROR})")
+
+    hash_file = inspect_state = validate_name = _missing  # type: ignore[assignment]
+
+TEMP_PREFIX = ".kv-"  # state files in the sync directory: f".kv-{uuid}.bin", never a user-supplied name
+
+StoreLike = Union["Store", str, os.PathLike, None]
+ServerLike = Union[LlamaServer, str, None]
+
+
+def open_store(path: Union[str, os.PathLike, None] = None, **kw: Any) -> "Store":
+    """Open (creating if needed) the store at `path`, else `$KVSTORE_DIR`, else `~/.local/share/kvstore`.
+
+    Also creates its sync directory (the `--slot-save-path` for llama-server). Keyword arguments go to `Store`
+    (`block_size`, `level`, `map_size_mib`)."""
+    root = config.store_dir(None if path is None else os.fspath(path))
+    root.mkdir(parents=True, exist_ok=True)
+    config.sync_dir(root).mkdir(parents=True, exist_ok=True)
+    return Store(str(root), **kw)
+
+
+def temp_state_name() -> str:
+    """A fresh file name for a state file in the sync directory (valid for llama-server's filename check)."""
+    return f"{TEMP_PREFIX}{uuid.uuid4().hex}.bin"
+
+
+def _store(store: StoreLike) -> "Store":
+    if store is None or isinstance(store, (str, os.PathLike)):
+        return open_store(store)
+    return store
+
+
+def _server(server: ServerLike) -> LlamaServer:
+    if isinstance(server, LlamaServer):
+        return server
+    return LlamaServer(server)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _ms(reply: dict, key: str) -> Optional[float]:
+    return (reply.get("timings") or {}).get(key)
+
+
+def _sync_hint(srv: LlamaServer, sync: Path, exc: ServerError) -> ServerError:
+    """Add what to do when the server cannot write/read our sync directory."""
+    if exc.status in (500, 501):
+        return ServerError(f"{exc}; start llama-server with --slot-save-path {sync}{os.sep} "
+                           f"(the store's sync directory)", url=exc.url, status=exc.status, detail=exc.detail)
+    return exc
+
+
+def _via_proxy(srv: LlamaServer, action: str, name: str, slot: int, namespace: str) -> dict:
+    slot = srv.check_slot(slot)
+    headers = {"X-KV-Namespace": namespace} if namespace else None
+    t0 = time.perf_counter()
+    reply = srv.post(f"/slots/{slot}?action={action}", {"filename": name}, headers=headers) or {}
+    out = dict(reply)
+    out.setdefault("name", name)
+    out.setdefault("namespace", namespace)
+    out.update(server=srv.url, slot=slot, via="kvstore-serve", total_s=time.perf_counter() - t0)
+    return out
+
+
+def save(name: str, slot: int, *, server: ServerLike = None, store: StoreLike = None, namespace: str = "",
+         parent: Optional[str] = None) -> dict:
+    """Save llama-server slot `slot` into the store as (namespace, name).
+
+    `parent`: the name this state was restored from and extends (recorded in the manifest; plain server only).
+
+    Returns the store's ingest report (`manifest_id`, `n_tokens`, `file_bytes`, `new_raw_bytes`, ...) plus
+    `server`, `slot`, `n_saved`, `save_ms` (llama-server writing the file), `ingest_s` and `total_s`.
+    Raises ServerError (server unreachable/refused), ValueError (no such slot), InvalidName, StoreFull."""
+    srv = _server(server)
+    if srv.is_kvstore():
+        return _via_proxy(srv, "save", name, slot, namespace)
+    validate_name(name)
+    if namespace:
+        validate_name(namespace, "namespace")
+    slot = srv.check_slot(slot)
+    st = _store(store)
+    fp = srv.fingerprint()
+    sync = config.sync_dir(Path(st.path))
+    sync.mkdir(parents=True, exist_ok=True)
+    fname = temp_state_name()
+    path = sync / fname
+    t0 = time.perf_counter()
+    try:
+        try:
+            reply = srv.save_slot(slot, fname)
+        except ServerError as e:
+            raise _sync_hint(srv, sync, e) from None
+        if not path.is_file():
+            raise ServerError(f"{srv.url} saved slot {slot} as {fname!r}, but {path} does not exist: start "
+                              f"llama-server with --slot-save-path {sync}{os.sep} (the store's sync directory)",
+                              url=srv.url)
+        t1 = time.perf_counter()
+        report = st.ingest(name, str(path), namespace=namespace, fingerprint=fp, parent=parent,
+                           remove_file=True)
+        t2 = time.perf_counter()
+    finally:
+        _unlink(path)
+    report = dict(report)
+    report.update(server=srv.url, slot=slot, n_saved=reply.get("n_saved"), save_ms=_ms(reply, "save_ms"),
+                  ingest_s=t2 - t1, total_s=t2 - t0)
+    return report
+
+
+def restore(name: str, slot: int, *, server: ServerLike = None, store: StoreLike = None,
+            namespace: str = "") -> dict:
+    """Restore (namespace, name) from the store into llama-server slot `slot`.
+
+    The state is checked against the server's fingerprint first (FingerprintMismatch, before the server is
+    asked to do anything) and re-emitted for the server's slot count. Returns the store's materialize report
+    plus `server`, `slot`, `n_restored`, `restore_ms`, `materialize_s`, `total_s`.
+    If llama-server refuses the file it has already cleared the slot: ServerError says so."""
+    srv = _server(server)
+    if srv.is_kvstore():
+        return _via_proxy(srv, "restore", name, slot, namespace)
+    validate_name(name)
+    if namespace:
+        validate_name(namespace, "namespace")
+    slot = srv.check_slot(slot)
+    st = _store(store)
+    fp = srv.fingerprint()
+    n_stream = srv.n_slots()
+    sync = config.sync_dir(Path(st.path))
+    sync.mkdir(parents=True, exist_ok=True)
+    fname = temp_state_name()
+    path = sync / fname
+    t0 = time.perf_counter()
+    try:
+        report = st.materialize(name, str(path), namespace=namespace, expect=fp, n_stream=n_stream)
+        t1 = time.perf_counter()
+        try:
+            reply = srv.restore_slot(slot, fname)
+        except ServerError as first:
+            reply = None
+            if first.status == 400 and n_stream > 1:
+                # /props does not say whether the server runs with --kv-unified (one stream for all slots):
+                # the slot is already cleared by the failed restore, so try the single-stream layout once.
+                _unlink(path)
+                report = st.materialize(name, str(path), namespace=namespace, expect=fp, n_stream=1)
+                try:
+                    reply = srv.restore_slot(slot, fname)
+                except ServerError:
+                    reply = None
+            if reply is None:
+                if first.status is None:
+                    raise
+                raise ServerError(f"llama-server at {srv.url} refused to restore {name!r} into slot {slot} "
+                                  f"(HTTP {first.status}: {first.detail}); llama-server has cleared slot {slot}",
+                                  url=first.url, status=first.status, detail=first.detail) from None
+        t2 = time.perf_counter()
+    finally:
+        _unlink(path)
+    report = dict(report)
+    report.update(server=srv.url, slot=slot, n_restored=reply.get("n_restored"),
+                  restore_ms=_ms(reply, "restore_ms"), materialize_s=t1 - t0, total_s=t2 - t0)
+    return report
+
+
+__all__ = ["Store", "open_store", "save", "restore", "temp_state_name", "hash_file", "inspect_state",
+           "validate_name"]

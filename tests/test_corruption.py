@@ -1,0 +1,68 @@
+"""Corruption: a damaged or missing object is found by verify, fails only the states that use it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, manifests_by_name, object_path
+
+from kvstore import CorruptObject
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "kvstore.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def _unique_objects(store_dir, mine: str, other: str) -> list[str]:
+    m = manifests_by_name(store_dir)
+    theirs = set(m[other]["blocks"]) | {m[other]["skeleton"], m[other]["_id"]}
+    return [o for o in m[mine]["blocks"] if o not in theirs]
+
+
+@pytest.mark.parametrize("damage", ["flip-payload", "flip-header", "truncate", "delete"])
+def test_damaged_object(damage, store, state_files, tmp_path):
+    d = tmp_path / "store"
+    x, y = state_files["smollm2_fa_on"], state_files["gemma3_np2_slot1"]
+    store.ingest("x", str(x))
+    store.ingest("y", str(y))
+    assert store.verify()["corrupt"] == [] and store.verify()["missing"] == []
+    victim = _unique_objects(d, "x", "y")[0]
+    p = object_path(d, victim)
+    assert p.is_file()
+    os.chmod(p, 0o644)
+    data = bytearray(p.read_bytes())
+    if damage == "flip-payload":
+        data[16 + (len(data) - 16) // 2] ^= 0x01
+        p.write_bytes(bytes(data))
+    elif damage == "flip-header":
+        data[8] ^= 0x01  # raw_len
+        p.write_bytes(bytes(data))
+    elif damage == "truncate":
+        p.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        p.unlink()
+
+    r = store.verify()
+    bad = (r["corrupt"] if damage != "delete" else r["missing"])
+    assert victim in bad, r
+    assert any("x" == n or (isinstance(n, dict) and n.get("name") == "x") or "x" in str(n)
+               for n in r["names_affected"]), r
+    cli = _cli("--store", str(d), "verify")
+    assert cli.returncode == 1, (cli.stdout, cli.stderr)
+    assert victim[:8] in cli.stdout
+    cli_json = _cli("--store", str(d), "--json", "verify")
+    assert cli_json.returncode == 1
+
+    out = tmp_path / "x.bin"
+    with pytest.raises(CorruptObject) as e:
+        store.materialize("x", str(out))
+    assert "verify" in str(e.value) or victim[:8] in str(e.value)
+    assert not out.exists()
+    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".tmp") or f.name.startswith("x.bin")]
+    out_y = tmp_path / "y.bin"
+    store.materialize("y", str(out_y))
+    assert out_y.read_bytes() == y.read_bytes()
