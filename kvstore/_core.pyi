@@ -38,6 +38,9 @@ class Store:
     def ingest(self, name: str, path: str, *, namespace: str = "", fingerprint: Optional[Mapping[str, str]] = None,
                parent: Optional[str] = None, remove_file: bool = False) -> dict[str, Any]:
         """Store a slot file under a name (replacing the previous state of that name).
+        `parent` (a name in the same namespace, or a manifest id) is recorded as lineage only; an unknown parent is
+        recorded as none, so a save is never lost over lineage. A `layout` key in `fingerprint` (the server's, learned
+        from an earlier save) must equal the file's layout, else FingerprintMismatch; it is not stored as identity.
         Returns {name, namespace, manifest_id, n_tokens, file_bytes, blocks, new_objects, new_raw_bytes,
         new_stored_bytes, reused_bytes, parent_manifest, elapsed_s}."""
     def ingest_bytes(self, name: str, data: bytes, *, namespace: str = "",
@@ -52,7 +55,8 @@ class Store:
                ) -> Optional[dict[str, Any]]:
         """Longest stored token prefix: {manifest_id, name, n_tokens, n_common} or None."""
     def get(self, name: str, *, namespace: str = "") -> Optional[dict[str, Any]]:
-        """{name, namespace, manifest_id, n_tokens, file_bytes, fingerprint, layout, parent, created, last_used}."""
+        """{name, namespace, manifest_id, n_tokens, file_bytes, file_hash, fingerprint, layout, parent, created,
+        last_used}, or None."""
     def tokens(self, name: str, *, namespace: str = "") -> list[int]: ...
     def list(self, *, namespace: Optional[str] = None) -> list[dict[str, Any]]: ...
     def remove(self, name: str, *, namespace: str = "") -> bool: ...

@@ -250,24 +250,13 @@ def cmd_restore(args) -> int:
     return 0
 
 
-def _same_content(store, entry: dict, path: Path, namespace: str) -> bool:
+def _same_content(entry: dict, path: Path) -> bool:
     """Is the file byte-identical to the stored state `entry` (from Store.get)?"""
-    from kvstore.api import hash_file, temp_state_name
+    from kvstore.api import hash_file
 
-    if entry.get("file_bytes") is not None and int(entry["file_bytes"]) != path.stat().st_size:
+    if int(entry["file_bytes"]) != path.stat().st_size:
         return False
-    digest = entry.get("file_hash")
-    if digest is None:  # older core without file_hash in get(): compare against a materialized copy
-        tmp = config.sync_dir(Path(store.path)) / temp_state_name()
-        try:
-            store.materialize(entry["name"], str(tmp), namespace=namespace)
-            digest = hash_file(str(tmp))
-        finally:
-            try:
-                tmp.unlink()
-            except FileNotFoundError:
-                pass
-    return str(digest).split(":")[-1] == hash_file(str(path))
+    return entry["file_hash"] == hash_file(str(path))
 
 
 def cmd_sync(args) -> int:
@@ -293,7 +282,7 @@ def cmd_sync(args) -> int:
         try:
             validate_name(f.stem)
             cur = st.get(f.stem, namespace=ns)
-            if cur is not None and _same_content(st, cur, f, ns):
+            if cur is not None and _same_content(cur, f):
                 entry["action"] = "unchanged"
                 if args.remove:
                     f.unlink()

@@ -71,3 +71,23 @@ def test_restore_into_other_model_is_refused_before_the_server(served_smollm2, s
     again = complete(g.url, prompt, 1, n_predict=1)
     assert again["timings"]["cache_n"] > 0, "the gemma3 slot was touched"
     assert again["content"] == first["content"]
+
+
+def test_ingest_refuses_a_file_cut_at_a_section_boundary(store, state_files, oracle, tmp_path):
+    """A gemma3 file cut after its first KV section parses as a valid one-section (llama-like) file; the server's
+    known layout is what tells the two apart, so ingest with it refuses the file and stores nothing."""
+    src = state_files["gemma3_fa_on"]
+    data = src.read_bytes()
+    full = kvstore._core.inspect_state(str(src))["layout"]
+    cut = oracle.parse(data)["sections"][1]["start"]
+    short = tmp_path / "short.bin"
+    short.write_bytes(data[:cut])
+    assert kvstore._core.inspect_state(str(short))["layout"] != full  # it parses, as something else
+    before = store.stats()
+    with pytest.raises(FingerprintMismatch) as e:
+        store.ingest("g", str(short), fingerprint={"model": "m", "layout": full})
+    assert "layout" in str(e.value)
+    assert store.get("g") is None and store.stats() == before
+    # the intact file passes the same check, and `layout` is not part of the stored identity
+    store.ingest("g", str(src), fingerprint={"model": "m", "layout": full})
+    assert store.get("g")["fingerprint"] == {"model": "m"} and store.get("g")["layout"] == full

@@ -102,6 +102,8 @@ pub struct StateInfo {
     pub manifest_id: String,
     pub n_tokens: u64,
     pub file_bytes: u64,
+    /// blake3 hex of the slot file a byte-exact materialize writes (compare with `hash_file`).
+    pub file_hash: String,
     pub fingerprint: Fingerprint,
     pub layout: String,
     pub parent: Option<String>,
@@ -255,6 +257,23 @@ impl Store {
             Some(p) => self.resolve_parent(namespace, p)?,
             None => None,
         };
+
+        // A `layout` the caller knows for its server (learned from an earlier save) must match the file's: a file
+        // cut at a section boundary, or saved by another cache configuration, parses but would never restore.
+        // Empty slots carry no layers, so they have nothing to compare. The layout itself lives in the manifest.
+        let mut fingerprint = fingerprint.clone();
+        if let Some(want) = fingerprint.remove(crate::manifest::LAYOUT) {
+            if want != d.layout && !d.layout.contains("kv[-]") {
+                return Err(crate::manifest::ManifestError::FingerprintMismatch {
+                    state: name.into(),
+                    key: crate::manifest::LAYOUT.into(),
+                    stored: d.layout.clone(),
+                    server: want,
+                }
+                .into());
+            }
+        }
+        let fingerprint = &fingerprint;
 
         // Hash every block (parallel), keep the first occurrence of each distinct one.
         let ids: Vec<ObjectId> = d.blocks.par_iter().map(|b| ObjectId::of(&b.bytes)).collect();
@@ -575,6 +594,7 @@ impl Store {
             manifest_id: rec.manifest,
             n_tokens: m.n_tokens,
             file_bytes: m.file_bytes,
+            file_hash: m.file_hash,
             fingerprint: m.fingerprint,
             layout: m.layout,
             parent: m.parent,
