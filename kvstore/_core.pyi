@@ -34,7 +34,7 @@ def inspect_state(path: str) -> dict[str, Any]:
 class Store:
     path: str
     block_size: int
-    def __init__(self, path: str, *, block_size: int = 64, level: int = 1, map_size_mib: int = 65536) -> None: ...
+    def __init__(self, path: str, *, block_size: int = 32, level: int = 1, map_size_mib: int = 65536) -> None: ...
     def ingest(self, name: str, path: str, *, namespace: str = "", fingerprint: Optional[Mapping[str, str]] = None,
                parent: Optional[str] = None, remove_file: bool = False) -> dict[str, Any]:
         """Store a slot file under a name (replacing the previous state of that name).

@@ -232,7 +232,7 @@ struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (path, *, block_size = 64, level = 1, map_size_mib = 65536))]
+    #[pyo3(signature = (path, *, block_size = BLOCK_SIZE_DEFAULT, level = 1, map_size_mib = 65536))]
     fn new(py: Python<'_>, path: PathBuf, block_size: u32, level: i32, map_size_mib: u64) -> PyResult<Self> {
         let map_size = usize::try_from(map_size_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         let inner = py.detach(|| Store::open(&path, block_size, level, map_size))?;

@@ -24,7 +24,7 @@ use crate::manifest::{
 };
 use crate::objects::{atomic_write, random_suffix, ObjectError, ObjectId, ObjectStore, Put};
 
-pub const BLOCK_SIZE_DEFAULT: u32 = 64;
+pub const BLOCK_SIZE_DEFAULT: u32 = 32;
 pub const LEVEL_DEFAULT: i32 = 1;
 pub const MAP_SIZE_DEFAULT: usize = 64 << 30;
 
