@@ -1,0 +1,1 @@
+"""kvstore benchmarks: `python -m bench [smoke|quick|full]` (see README, "Benchmarks")."""

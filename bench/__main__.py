@@ -1,0 +1,148 @@
+"""`python -m bench [smoke|quick|full] [--models ..] [--workloads ..] [--targets ..]`
+
+Starts every target fresh in the same run, sends each the same seeded requests, prints a table and writes
+JSON to bench/results/<preset>.json. Token counts are the stable figures; times are only compared as ratios
+between targets of the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import sys
+from pathlib import Path
+
+from kvstore.models import model_path
+
+from . import storage, workloads
+from .targets import TARGETS, Target, cleanup, workdir
+
+PRESETS = {
+    "smoke": {
+        "models": ["smollm2"], "targets": ["plain", "kvstore"], "workloads": ["W1", "W2", "storage"],
+        "parallel": 2, "ctx_size": 4096,
+        "w1": {"seed": 1, "users": 3, "turns": 2, "system_words": 40, "msg_words": 25, "n_predict": 8, "inflight": 2},
+        "w2": {"seed": 2, "articles": 2, "questions": 2, "article_words": [150, 200], "n_predict": 4},
+        "storage": {"article_words": 200, "children": 3},
+    },
+    "quick": {
+        "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore"],
+        "workloads": ["W1", "W2", "W3", "storage"], "parallel": 2, "ctx_size": 8192,
+        "w1": {"seed": 1, "users": 6, "turns": 4, "system_words": 60, "msg_words": 40, "n_predict": 16, "inflight": 2},
+        "w2": {"seed": 2, "articles": 3, "questions": 3, "article_words": [300, 500], "n_predict": 8},
+        "storage": {"article_words": 400, "children": 10},
+    },
+    "full": {
+        "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore"],
+        "workloads": ["W1", "W2", "W3", "storage"], "parallel": 2, "ctx_size": 8192,
+        "w1": {"seed": 1, "users": 10, "turns": 8, "system_words": 150, "msg_words": 90, "n_predict": 32,
+               "inflight": 3},
+        "w2": {"seed": 2, "articles": 5, "questions": 5, "article_words": [300, 600], "n_predict": 8},
+        "storage": {"article_words": 600, "children": 10},
+    },
+}
+
+
+def run_workload(name: str, spec, model: str, cfg: dict) -> list:
+    """One fresh target per workload variant, so no run inherits another's cache."""
+    rows = []
+    variants = {
+        "W1": [("W1", lambda t: workloads.run_w1(t, cfg["w1"]))],
+        "W3": [("W3 restart", lambda t: workloads.run_w1(t, cfg["w1"], restart_at=max(1, cfg["w1"]["turns"] // 2)))],
+        "W2": [(f"W2 {o}{' +parents' if par else ''}", (lambda o=o, par=par: lambda t: workloads.run_w2(t, cfg["w2"], o, par))())
+               for o in ("article-major", "question-major")
+               for par in ((False, True) if spec.kind == "kvstore" else (False,))],
+    }[name]
+    for label, fn in variants:
+        wd = workdir()
+        target = Target(spec, model, cfg["parallel"], cfg["ctx_size"], wd)
+        try:
+            res = fn(target)
+            res["rss_bytes"] = target.rss_bytes()
+            if spec.kind == "kvstore":
+                res["store_bytes"] = target.store_bytes()
+                m = target.metrics()
+                res["saved_file_bytes"] = int(sum(v for k, v in m.items() if "ingest" in k and "bytes" in k))
+        finally:
+            target.close()
+            cleanup(wd)
+        res.update({"workload": label, "target": spec.name})
+        rows.append(res)
+        print(f"  {label:34s} {spec.name:30s} prompt_n {res['prompt_n']:6d}  ideal {res['ideal']:6d}  "
+              f"ratio {res['ratio_to_ideal']}  wall {res['wall_s']}s", file=sys.stderr, flush=True)
+    return rows
+
+
+def table(results: dict) -> str:
+    lines = []
+    for model, block in results["models"].items():
+        lines.append(f"\n### {model}\n")
+        lines.append("| workload | target | requests | prompt tokens evaluated | ideal | x ideal | cached | "
+                     "TTFT p50 returning (x plain) | wall (x plain) | disk |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        rows = block.get("workloads", [])
+        base = {r["workload"].split(" +")[0]: r for r in rows if r["target"] == "llama-server"}
+        for r in rows:
+            b = base.get(r["workload"].split(" +")[0])
+            ttft = r.get("ttft_returning_p50_s")
+            rel = lambda k: f" ({r[k] / b[k]:.2f}x)" if b and b.get(k) and r.get(k) is not None else ""
+            disk = (f"{r['store_bytes'] / 2**20:.1f} MiB (one file per save: {r['saved_file_bytes'] / 2**20:.1f} MiB)"
+                    if "store_bytes" in r else f"RSS {r['rss_bytes'] / 2**20:.0f} MiB")
+            lines.append(f"| {r['workload']} | {r['target']} | {r['requests']} | {r['prompt_n']} | {r['ideal']} | "
+                         f"{r['ratio_to_ideal']} | {r['cache_n']} | "
+                         f"{'-' if ttft is None else f'{ttft * 1000:.0f} ms'}{rel('ttft_returning_p50_s')} | "
+                         f"{r['wall_s']} s{rel('wall_s')} | {disk} |")
+        st = block.get("storage")
+        if st:
+            mb = st["mb_per_s"]
+            lines.append(f"\nStorage ({st['files']} real slot files: a parent of {st['parent_bytes'] / 2**20:.1f} MiB and "
+                         f"children that add a question): raw {st['raw_bytes'] / 2**20:.1f} MiB, stored "
+                         f"{st['stored_bytes'] / 2**20:.1f} MiB (**{st['raw_over_stored']}x** smaller). "
+                         f"Ingest {mb['ingest']} MB/s vs copy+fsync {mb['copy_fsync']} MB/s "
+                         f"(**{st['ingest_vs_copy_fsync']}x**); materialize {mb['materialize']} MB/s vs copy "
+                         f"{mb['copy']} MB/s (**{st['materialize_vs_copy']}x**).")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", nargs="?", default="quick", choices=sorted(PRESETS))
+    p.add_argument("--models", nargs="+")
+    p.add_argument("--workloads", nargs="+")
+    p.add_argument("--targets", nargs="+", choices=sorted(TARGETS))
+    p.add_argument("--out", default=None, help="JSON path (default bench/results/<preset>.json)")
+    args = p.parse_args(argv)
+    cfg = PRESETS[args.preset]
+    models = args.models or cfg["models"]
+    wls = args.workloads or cfg["workloads"]
+    targets = args.targets or cfg["targets"]
+    results = {"preset": args.preset, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+               "machine": f"{platform.machine()} {platform.processor() or ''} cpus={__import__('os').cpu_count()}",
+               "config": cfg, "models": {}}
+    for model in models:
+        path = str(model_path(model))
+        block = results["models"].setdefault(model, {"workloads": []})
+        print(f"{model}:", file=sys.stderr, flush=True)
+        for wl in wls:
+            if wl == "storage":
+                wd = workdir()
+                try:
+                    block["storage"] = storage.run(path, wd, **cfg["storage"])
+                finally:
+                    cleanup(wd)
+                print(f"  storage {block['storage']}", file=sys.stderr, flush=True)
+                continue
+            for t in targets:
+                block["workloads"].extend(run_workload(wl, TARGETS[t], path, cfg))
+    out = Path(args.out or Path(__file__).parent / "results" / f"{args.preset}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(table(results))
+    print(f"\nJSON: {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""W1 many users / few slots, W2 articles x questions, W3 restart: the same requests for every target.
+
+The *ideal* of a request is the number of its prompt tokens that its session never put through the model
+before (computed from token lists, no server involved): what a perfect cache would evaluate.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from . import text
+from .client import complete, post_json, tokenize
+
+
+def lcp(a: list, b: list) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Tally:
+    prompt_n: int = 0
+    cache_n: int = 0
+    ideal: int = 0
+    requests: int = 0
+    ttft_returning: list = field(default_factory=list)
+    kv_cache: dict = field(default_factory=dict)
+
+    def add(self, res, ideal: int, returning: bool) -> None:
+        self.prompt_n += res.prompt_n
+        self.cache_n += res.cache_n
+        self.ideal += ideal
+        self.requests += 1
+        if returning:
+            self.ttft_returning.append(res.ttft_s)
+        if res.kv_cache:
+            self.kv_cache[res.kv_cache] = self.kv_cache.get(res.kv_cache, 0) + 1
+
+    def summary(self) -> dict:
+        t = sorted(self.ttft_returning)
+        p95 = t[min(len(t) - 1, int(0.95 * len(t)))] if t else 0.0
+        return {"requests": self.requests, "prompt_n": self.prompt_n, "cache_n": self.cache_n, "ideal": self.ideal,
+                "ratio_to_ideal": round(self.prompt_n / self.ideal, 3) if self.ideal else None,
+                "ttft_returning_p50_s": round(statistics.median(t), 4) if t else None,
+                "ttft_returning_p95_s": round(p95, 4) if t else None, "kv_cache": self.kv_cache}
+
+
+class Session:
+    """What one session (a user, an article) has put through the model so far."""
+
+    def __init__(self):
+        self.seen: list = []
+
+    def ideal(self, tokens: list) -> int:
+        return len(tokens) - lcp(tokens, self.seen)
+
+    def record(self, tokens: list, generated: list) -> None:
+        # The last sampled token is never decoded, so it is not in the KV cache.
+        seq = tokens + generated[:-1]
+        if len(seq) > len(self.seen) or lcp(seq, self.seen) < len(self.seen):
+            self.seen = seq
+
+
+def run_w1(target, p: dict, restart_at: int = 0) -> dict:
+    """Users take turns in a seeded random order, `inflight` requests at a time; conversations grow each turn."""
+    rng = random.Random(p["seed"])
+    system = "System: You are a helpful assistant. " + text.paragraph(rng, p["system_words"]) + "\n"
+    users = [f"user{i}" for i in range(p["users"])]
+    history = {u: system for u in users}
+    sessions = {u: Session() for u in users}
+    turn = {u: 0 for u in users}
+    msgs = {u: [text.paragraph(random.Random(f"{p['seed']}-{u}-{t}"), p["msg_words"]) for t in range(p["turns"])]
+            for u in users}
+    tally = Tally()
+    kv = target.spec.kind == "kvstore"
+
+    def one(u: str):
+        prompt = history[u] + "User: " + msgs[u][turn[u]] + "\nAssistant:"
+        tokens = tokenize(target.url, prompt)
+        extra = {"cache_prompt_name": u} if kv else {}
+        res = complete(target.url, prompt, p["n_predict"], extra)
+        return u, prompt, tokens, res
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=p["inflight"]) as pool:
+        for rnd in range(p["turns"]):
+            if restart_at and rnd == restart_at:
+                target.restart()
+            order = users[:]
+            rng.shuffle(order)
+            for u, prompt, tokens, res in pool.map(one, order):
+                tally.add(res, sessions[u].ideal(tokens), returning=turn[u] > 0)
+                sessions[u].record(tokens, res.tokens)
+                history[u] = prompt + res.text + "\n"
+                turn[u] += 1
+    out = tally.summary()
+    out["wall_s"] = round(time.perf_counter() - t0, 2)
+    out["final_history_tokens_max"] = max(len(s.seen) for s in sessions.values())
+    return out
+
+
+def run_w2(target, p: dict, order: str, parents: bool) -> dict:
+    """Articles x questions, prompt = article + question; `order` is article-major or question-major."""
+    rng = random.Random(p["seed"])
+    articles = [text.paragraph(rng, rng.randint(p["article_words"][0], p["article_words"][1]))
+                for _ in range(p["articles"])]
+    questions = [[text.question(rng) for _ in range(p["questions"])] for _ in articles]
+    pairs = [(a, q) for a in range(len(articles)) for q in range(p["questions"])]
+    if order == "question-major":
+        pairs.sort(key=lambda aq: (aq[1], aq[0]))
+    sessions = [Session() for _ in articles]
+    primed = set()
+    tally = Tally()
+    kv = target.spec.kind == "kvstore"
+    t0 = time.perf_counter()
+    for a, q in pairs:
+        head = articles[a] + "\n\nQuestion:"
+        prompt = head + " " + questions[a][q] + "\nAnswer:"
+        tokens = tokenize(target.url, prompt)
+        extra = {}
+        if kv:
+            extra["cache_prompt_name"] = f"a{a}-q{q}"
+            if parents:
+                extra["cache_prompt_parent"] = f"a{a}"
+                if a not in primed:
+                    # The client primes the article once; its evaluation counts like any other.
+                    head_tokens = tokenize(target.url, head)
+                    r = post_json(f"{target.url}/kvstore/states/a{a}", {"prompt": head})
+                    pn = int((r.get("timings") or {}).get("prompt_n", r.get("prompt_n", len(head_tokens))))
+                    tally.prompt_n += pn
+                    tally.ideal += sessions[a].ideal(head_tokens)
+                    sessions[a].record(head_tokens, [0])
+                    primed.add(a)
+        res = complete(target.url, prompt, p["n_predict"], extra)
+        tally.add(res, sessions[a].ideal(tokens), returning=bool(sessions[a].seen))
+        sessions[a].record(tokens, res.tokens)
+    out = tally.summary()
+    out["wall_s"] = round(time.perf_counter() - t0, 2)
+    return out
