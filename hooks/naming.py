@@ -1,0 +1,87 @@
+"""Names, namespaces and parents from a request: body fields, headers, the OpenAI `user` field.
+
+Names are data, never paths: they are validated by the core and only ever used as store keys.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+NAME_FIELD = "cache_prompt_name"
+PARENT_FIELD = "cache_prompt_parent"
+NAME_HEADER = "X-KV-Name"
+PARENT_HEADER = "X-KV-Parent"
+NAMESPACE_HEADER = "X-KV-Namespace"
+
+
+class BadName(ValueError):
+    """A name, parent or namespace the core refuses; str() is the reason for the client."""
+
+
+@dataclass(frozen=True)
+class Naming:
+    namespace: str = ""
+    name: Optional[str] = None
+    parent: Optional[str] = None
+
+    @property
+    def key(self) -> Optional[tuple[str, str]]:
+        return (self.namespace, self.name) if self.name else None
+
+    @property
+    def parent_key(self) -> Optional[tuple[str, str]]:
+        return (self.namespace, self.parent) if self.parent else None
+
+
+def _validate(value: str, what: str) -> str:
+    from kvstore._core import validate_name
+
+    if not isinstance(value, str):
+        raise BadName(f"{what} must be a string, not {type(value).__name__}")
+    try:
+        validate_name(value, "namespace" if what == "namespace" else "name")
+    except ValueError as e:  # InvalidName is a ValueError
+        raise BadName(f"{what}: {e}" if what not in ("name", "namespace") else str(e)) from None
+    return value
+
+
+def namespace_of(headers: Mapping[str, str]) -> str:
+    """`X-KV-Namespace`, else a short hash of the `Authorization: Bearer` key (tenants are isolated), else ""."""
+    ns = headers.get(NAMESPACE_HEADER)
+    if ns:
+        return _validate(ns, "namespace")
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer " and auth[7:].strip():
+        return "key-" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:16]
+    return ""
+
+
+def validate(name: str, what: str = "name") -> str:
+    return _validate(name, what)
+
+
+def naming_of(headers: Mapping[str, str], body: Optional[Mapping[str, Any]], *, name_from_user: bool = False) -> Naming:
+    """Name (body field, then header, then `user` when enabled), parent (body, then header), namespace."""
+    body = body or {}
+    ns = namespace_of(headers)
+    name = body.get(NAME_FIELD)
+    if name is None:
+        name = headers.get(NAME_HEADER)
+    if name is None and name_from_user:
+        name = body.get("user")
+    parent = body.get(PARENT_FIELD)
+    if parent is None:
+        parent = headers.get(PARENT_HEADER)
+    if name is not None:
+        _validate(name, "name")
+    if parent is not None:
+        _validate(parent, "parent")
+    return Naming(ns, name or None, parent or None)
+
+
+def strip_fields(body: dict) -> dict:
+    """The body llama-server gets: our fields removed."""
+    body.pop(NAME_FIELD, None)
+    body.pop(PARENT_FIELD, None)
+    return body

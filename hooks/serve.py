@@ -1,0 +1,166 @@
+"""`kvstore serve`: the hooks in front of an external llama-server (--upstream) or an embedded one."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+from aiohttp import web
+
+from .app import HOOKS, HooksConfig, build_app
+
+log = logging.getLogger("kvstore.hooks")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvstore serve", description=__doc__)
+    p.add_argument("--upstream", metavar="URL",
+                   help="an external llama-server (started with --slot-save-path <store>/sync); "
+                        "default: start an embedded one")
+    p.add_argument("--store", metavar="DIR", help="store directory (default $KVSTORE_DIR or ~/.local/share/kvstore)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    p.add_argument("--name-from-user", action="store_true", help="use the OpenAI `user` field as the state name")
+    p.add_argument("--idle-save", type=float, default=30.0, metavar="SECONDS",
+                   help="save a dirty slot after this long idle (0: only on eviction and shutdown)")
+    p.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests that may wait for a slot")
+    e = p.add_argument_group("embedded llama-server (ignored with --upstream)")
+    e.add_argument("-m", "--model", help="GGUF path, 'gemma3' or 'smollm2' (default: kvstore.models.default_model())")
+    e.add_argument("-np", "--parallel", type=int, default=2)
+    e.add_argument("-c", "--ctx-size", type=int, default=8192)
+    e.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
+    e.add_argument("-ctk", "--cache-type-k", default="f16")
+    e.add_argument("-ctv", "--cache-type-v", default="f16")
+    e.add_argument("--cache-ram", type=int, default=8192, metavar="MiB")
+    e.add_argument("--swa-full", action="store_true")
+    e.add_argument("-b", "--batch-size", type=int, default=2048)
+    e.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    e.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def start_engine(args):
+    """Start the embedded llama-server writing into <store>/sync. Returns the EmbeddedServer."""
+    from kvstore.config import sync_dir
+    from kvstore.engine import EmbeddedServer, EngineConfig
+    from kvstore.models import default_model, model_path
+
+    model = model_path(args.model) if args.model else default_model()
+    cfg = EngineConfig(model=str(model), parallel=args.parallel, ctx_size=args.ctx_size,
+                       slot_save_path=str(sync_dir(args.store)), flash_attn=args.flash_attn,
+                       cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, cache_ram=args.cache_ram,
+                       swa_full=args.swa_full, batch_size=args.batch_size, ubatch_size=args.ubatch_size)
+    return EmbeddedServer(cfg)
+
+
+class Running:
+    """A hooks server on its own event loop in a background thread (tests, embedding in other programs)."""
+
+    def __init__(self, cfg: HooksConfig, host: str = "127.0.0.1", port: int = 0):
+        self.cfg, self.host, self.port = cfg, host, port
+        self.loop = asyncio.new_event_loop()
+        self.app = build_app(cfg)
+        self.runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=30)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="kvstore-hooks", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._start())
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            raise
+        self.url = f"http://{self.host}:{self.port}"
+
+    @property
+    def hooks(self):
+        return self.app[HOOKS]
+
+    def _call(self, coro, timeout: Optional[float] = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self) -> None:
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def run(self, coro, timeout: Optional[float] = None):
+        """Run a coroutine on the server's loop (e.g. to inspect the slot table)."""
+        return self._call(coro, timeout)
+
+    def close(self) -> None:
+        """Stop accepting, wait for requests in flight, save dirty slots, stop the loop."""
+        if self.loop.is_closed():
+            return
+        try:
+            self._call(self.runner.cleanup())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(30)
+            self.loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
+    app = build_app(cfg)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()  # connects to llama-server, opens the store
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if port == 0 else port  # type: ignore[union-attr]
+    print(f"kvstore serve: listening on http://{host}:{bound} (llama-server {cfg.upstream}, store {cfg.store})",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("kvstore serve: stopping: no new connections, finishing requests, saving dirty slots")
+    await runner.cleanup()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from kvstore.config import store_dir
+
+    args.store = store_dir(args.store)
+    Path(args.store).mkdir(parents=True, exist_ok=True)
+    engine = None
+    extra = {}
+    try:
+        if args.upstream:
+            upstream = args.upstream
+        else:
+            if args.swa_full:
+                log.warning("--swa-full: llama-server keeps no checkpoints and a rollback inside the window after a "
+                            "restore gives silently wrong K/V (docs/hooks.md); states are fingerprinted apart")
+            extra["swa_full"] = "on" if args.swa_full else "off"
+            engine = start_engine(args)
+            upstream = engine.url
+        cfg = HooksConfig(upstream=upstream, store=Path(args.store), name_from_user=args.name_from_user,
+                          idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra)
+        asyncio.run(_serve(cfg, args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:  # noqa: BLE001 - one line, exit 2
+        print(f"kvstore serve: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if engine is not None:
+            engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The slot table: which llama-server slot serves which request. Only `SlotTable` picks and evicts.
+
+A `Slot` mirrors one llama-server slot: the (namespace, name) whose state it holds (None: unnamed or empty),
+the tokens it holds (best effort: the last tokenized prompt), whether it has changes not yet in the store,
+and an `asyncio.Lock` held for as long as a request uses it. Handlers hold a slot via
+`async with table.acquire(...) as lease`, so errors and disconnects release it. A slot is never saved or
+restored while it is processing: both happen under its lock, and every request to llama-server that
+evaluates anything carries the `id_slot` of a slot its handler holds.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
+
+log = logging.getLogger("kvstore.hooks")
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the wait queue is at its bound."""
+
+
+@dataclass(eq=False)
+class Slot:
+    id: int
+    name: Optional[str] = None
+    namespace: str = ""
+    tokens: list[int] = field(default_factory=list)
+    dirty: bool = False
+    last_used: float = 0.0
+    parent: Optional[str] = None  # the name this state was built on (recorded at ingest)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def key(self) -> Optional[Key]:
+        return (self.namespace, self.name) if self.name is not None else None
+
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked()
+
+    @property
+    def empty(self) -> bool:
+        return self.name is None and not self.tokens
+
+    def hold(self, key: Optional[Key], *, parent: Optional[str] = None) -> None:
+        """Label the slot as holding `key` (its content is kept; the caller restores or extends it)."""
+        if key is None:
+            self.namespace, self.name = "", None
+        else:
+            self.namespace, self.name = key
+        self.parent = parent
+        self.dirty = False
+
+    def clear(self) -> None:
+        """The slot's KV is gone (erase, failed restore): keep the label, forget the content."""
+        self.tokens = []
+        self.dirty = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "namespace": self.namespace, "n_tokens": len(self.tokens),
+                "dirty": self.dirty, "busy": self.busy, "last_used": self.last_used, "parent": self.parent}
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Lease:
+    """What `acquire` found: the slot, and how its current content relates to the request."""
+
+    slot: Slot
+    resident: bool = False  # the slot already holds the requested name
+    parent_resident: bool = False  # the slot holds the requested parent (used in place)
+    lcp: int = 0  # tokens the slot's content shares with the request's prompt (unnamed requests)
+    _tasks: list = field(default_factory=list, repr=False)
+
+    async def shielded(self, coro: Awaitable[Any]) -> Any:
+        """Run a save or restore so that a cancelled handler cannot interrupt it half-way.
+
+        If the handler is cancelled, the slot stays locked until the operation has finished.
+        """
+        task = asyncio.ensure_future(coro)
+        self._tasks.append(task)
+        return await asyncio.shield(task)
+
+
+class SlotTable:
+    """Picks a slot for each request, evicts (saves) what it displaces, queues when all are busy."""
+
+    def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[None]], max_queue: int = 64,
+                 clock: Callable[[], float] = time.monotonic):
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self._save = save
+        self.max_queue = max_queue
+        self.clock = clock
+        self._waiters: list[asyncio.Future] = []
+
+    # ---- inspection -------------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._waiters)
+
+    def resident(self, key: Optional[Key]) -> Optional[Slot]:
+        if key is None:
+            return None
+        for s in self.slots:
+            if s.key == key:
+                return s
+        return None
+
+    def best_idle_lcp(self, tokens: Optional[Sequence[int]]) -> int:
+        """The longest prefix of `tokens` held by an idle slot whose content is free to reuse."""
+        if not tokens:
+            return 0
+        return max((common_prefix(s.tokens, tokens) for s in self.slots if not s.busy), default=0)
+
+    def as_list(self) -> list[dict[str, Any]]:
+        return [s.as_dict() for s in self.slots]
+
+    # ---- picking ----------------------------------------------------------------------------------------------
+    def _idle(self) -> list[Slot]:
+        return [s for s in self.slots if not s.busy]
+
+    def _lru(self, idle: list[Slot]) -> Optional[Slot]:
+        """Empty first, then least recently used."""
+        if not idle:
+            return None
+        return min(idle, key=lambda s: (not s.empty, s.last_used, s.id))
+
+    def _pick(self, key: Optional[Key], parent: Optional[Key], tokens: Optional[Sequence[int]],
+              slot_id: Optional[int], better_than: int) -> Optional[Lease]:
+        if slot_id is not None:
+            s = self.slots[slot_id]
+            return None if s.busy else Lease(s, resident=key is not None and s.key == key)
+        if key is not None:
+            r = self.resident(key)
+            if r is not None:
+                # Wait for it rather than fork a second copy of the same name.
+                return None if r.busy else Lease(r, resident=True)
+            p = self.resident(parent)
+            if p is not None and not p.busy:
+                return Lease(p, parent_resident=True)
+            s = self._lru(self._idle())
+            return None if s is None else Lease(s)
+        idle = self._idle()
+        if not idle:
+            return None
+        if parent is not None:
+            p = self.resident(parent)
+            if p is not None and not p.busy:
+                return Lease(p, parent_resident=True)
+        if tokens:
+            best = max(idle, key=lambda s: (common_prefix(s.tokens, tokens), -s.last_used))
+            lcp = common_prefix(best.tokens, tokens)
+            if lcp > 0 and lcp >= better_than:
+                return Lease(best, lcp=lcp)
+        return Lease(self._lru(idle))  # type: ignore[arg-type]
+
+    def _wake(self) -> None:
+        for f in self._waiters:
+            if not f.done():
+                f.set_result(None)
+
+    def _release(self, slot: Slot) -> None:
+        if slot.lock.locked():
+            slot.lock.release()
+        self._wake()
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, *, key: Optional[Key] = None, parent: Optional[Key] = None,
+                      tokens: Optional[Sequence[int]] = None, slot_id: Optional[int] = None,
+                      better_than: int = 0, relabel: bool = True) -> AsyncIterator[Lease]:
+        """Hold a slot for a request.
+
+        key: the request's name (None: unnamed). parent: a parent name to use in place if resident.
+        tokens: the prompt's tokens, for unnamed requests (in-place reuse of an idle slot's content).
+        slot_id: a specific slot (raw slot API, idle saves). better_than: a stored prefix this long exists,
+        so in-place reuse must beat it. relabel: displace the slot's state (save it first if dirty) and
+        label the slot with `key`; False leaves the slot's label alone (raw save, idle save).
+        """
+        lease: Optional[Lease] = None
+        while lease is None:
+            lease = self._pick(key, parent, tokens, slot_id, better_than)
+            if lease is not None:
+                break
+            if len(self._waiters) >= self.max_queue:
+                raise QueueFull(f"all {len(self.slots)} slots busy and {len(self._waiters)} requests waiting")
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                self._waiters.remove(fut)
+        slot = lease.slot
+        # The lock is free (checked by _pick in this same step), so this does not suspend.
+        await slot.lock.acquire()
+        try:
+            if relabel and not lease.resident:
+                if slot.dirty and slot.key != key:
+                    await self.evict(lease)
+                slot.hold(key, parent=parent[1] if lease.parent_resident and parent else None)
+                if lease.parent_resident and key is None:
+                    slot.parent = None
+            yield lease
+        finally:
+            pending = [t for t in lease._tasks if not t.done()]
+            if pending:
+                # A cancelled handler left a save/restore running: keep the slot locked until it ends.
+                log.warning("slot %d: handler left with a save/restore running; releasing when it ends", slot.id)
+                waiter = asyncio.ensure_future(asyncio.wait(pending))
+                waiter.add_done_callback(lambda _f, s=slot: self._release(s))
+            else:
+                self._release(slot)
+
+    async def evict(self, lease: Lease) -> None:
+        """Save the slot's dirty state into the store (shielded); a failure is logged, never raised."""
+        slot = lease.slot
+        try:
+            await lease.shielded(self._save(slot))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the store keeps its previous state of that name
+            log.error("slot %d: saving %r before reuse failed: %s", slot.id, slot.key, e)
+        slot.dirty = False
+
+    # ---- background ---------------------------------------------------------------------------------------------
+    def idle_dirty(self, older_than: float) -> list[Slot]:
+        now = self.clock()
+        return [s for s in self.slots if s.dirty and not s.busy and now - s.last_used >= older_than]
+
+    async def save_idle(self, older_than: float) -> int:
+        """Save dirty slots idle for `older_than` seconds (they stay resident, now clean)."""
+        n = 0
+        for s in self.idle_dirty(older_than):
+            if s.busy:
+                continue
+            async with self.acquire(slot_id=s.id, relabel=False) as lease:
+                if lease.slot.dirty:
+                    await self.evict(lease)
+                    n += 1
+        return n
+
+    async def save_all(self) -> int:
+        """Shutdown: wait for each slot in turn and save it if dirty."""
+        n = 0
+        for s in self.slots:
+            async with self.acquire(slot_id=s.id, relabel=False) as lease:
+                if lease.slot.dirty:
+                    await self.evict(lease)
+                    n += 1
+        return n
+
+    def touch(self, slot: Slot) -> None:
+        slot.last_used = self.clock()

@@ -1,0 +1,137 @@
+"""llama-server over HTTP: one shared aiohttp ClientSession, small JSON calls, streamed forwarding."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Optional
+
+import aiohttp
+from aiohttp import web
+
+log = logging.getLogger("kvstore.hooks")
+
+# RFC 7230 6.1 hop-by-hop headers, plus those aiohttp computes itself.
+HOP_BY_HOP = frozenset(h.lower() for h in (
+    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer", "Trailers",
+    "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding",
+))
+
+
+class UpstreamError(Exception):
+    """llama-server could not be reached or answered garbage (a 502 for the client)."""
+
+
+class UpstreamReply(Exception):
+    """llama-server answered with an error status; `status` and `body` are passed to the client."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(f"llama-server answered {status}: {body[:300]!r}")
+        self.status = status
+        self.body = body
+
+
+def request_headers(headers, *, keep_length: bool = False) -> dict[str, str]:
+    """Headers forwarded upstream: hop-by-hop and ours removed (Content-Length kept for a streamed body)."""
+    return {k: v for k, v in headers.items()
+            if (k.lower() not in HOP_BY_HOP or (keep_length and k.lower() == "content-length"))
+            and not k.lower().startswith("x-kv-")}
+
+
+def reply_headers(headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+
+
+class Upstream:
+    def __init__(self, url: str, session: aiohttp.ClientSession):
+        self.url = url.rstrip("/")
+        self.session = session
+
+    async def call(self, method: str, path: str, body: Any = None, *, timeout: Optional[float] = None) -> Any:
+        """A small JSON call; raises UpstreamError (unreachable) or UpstreamReply (error status)."""
+        kw: dict[str, Any] = {}
+        if body is not None:
+            kw["json"] = body
+        if timeout is not None:
+            kw["timeout"] = aiohttp.ClientTimeout(total=timeout)
+        try:
+            async with self.session.request(method, self.url + path, **kw) as r:
+                data = await r.read()
+                if r.status >= 400:
+                    raise UpstreamReply(r.status, data)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
+        try:
+            return json.loads(data) if data else None
+        except ValueError as e:
+            raise UpstreamError(f"llama-server at {self.url} sent invalid JSON for {path}") from e
+
+    async def wait_ready(self, timeout: float = 300.0) -> dict:
+        """Poll /props until the model is loaded (503 while loading)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        warned = False
+        while True:
+            try:
+                return await self.call("GET", "/props", timeout=10)
+            except (UpstreamError, UpstreamReply) as e:
+                if not warned:
+                    log.info("waiting for llama-server at %s (up to %.0f s): %s", self.url, timeout, e)
+                    warned = True
+                if loop.time() > deadline:
+                    raise UpstreamError(f"llama-server at {self.url} not ready after {timeout:.0f}s: {e}") from e
+                await asyncio.sleep(0.2)
+
+    async def tokenize(self, text: str) -> list[int]:
+        """Tokens exactly as a string prompt is tokenized for /completion (BOS, special tokens)."""
+        r = await self.call("POST", "/tokenize", {"content": text, "add_special": True, "parse_special": True})
+        return [t if isinstance(t, int) else t["id"] for t in r["tokens"]]
+
+    async def apply_template(self, body: dict, *, add_generation_prompt: Optional[bool] = None) -> str:
+        req = {k: body[k] for k in ("messages", "tools", "chat_template_kwargs", "tool_choice") if k in body}
+        if add_generation_prompt is not None:
+            req["add_generation_prompt"] = add_generation_prompt
+        r = await self.call("POST", "/apply-template", req)
+        return r["prompt"]
+
+    async def slot_action(self, slot_id: int, action: str, filename: Optional[str] = None) -> dict:
+        body = {"filename": filename} if filename is not None else {}
+        return await self.call("POST", f"/slots/{slot_id}?action={action}", body)
+
+    async def forward(self, request: web.Request, path: str, *, body: Optional[bytes] = None,
+                      extra_headers: Optional[dict] = None, tee: Optional[callable] = None) -> web.StreamResponse:
+        """Stream `request` to llama-server and its reply back, chunk by chunk.
+
+        body: replacement body bytes (else the request body is streamed through). extra_headers: set on the
+        reply before prepare(). tee(chunk): sees every chunk (metrics), must not keep them all.
+        """
+        streamed = body is None and request.body_exists
+        headers = request_headers(request.headers, keep_length=streamed)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data: Any = body
+        else:
+            data = request.content.iter_any() if streamed else None
+        try:
+            upstream = await self.session.request(request.method, self.url + path, params=request.query,
+                                                  headers=headers, data=data,
+                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
+        async with upstream:
+            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                      headers=reply_headers(upstream.headers))
+            if extra_headers:
+                resp.headers.update(extra_headers)
+            await resp.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    if tee is not None:
+                        tee(chunk)
+                    await resp.write(chunk)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                # Headers are gone: all we can do is log and cut the reply.
+                log.error("%s %s: upstream failed mid-reply: %s", request.method, path, e)
+                raise
+            await resp.write_eof()
+            return resp

@@ -1,0 +1,75 @@
+"""Failure rules at the HTTP surface: bad names (400), raw slot API, a corrupt object (the request still
+succeeds, the failure is counted), upstream down (502)."""
+from __future__ import annotations
+
+import kvstore
+from hooks_support import complete, engine, get, hooks, intro, metric, post, request, stack
+
+
+def test_bad_names_raw_slots_corrupt_object_upstream_down(tmp_path):
+    store = tmp_path / "store"
+    srv = engine("smollm2", store)
+    with stack(srv), hooks(srv.url, store) as hk:
+        u = hk.url
+        # -- bad names: 400 with the core's reason, llama-server never sees them
+        for body, headers in [({"cache_prompt_name": "../etc/passwd"}, None), ({}, {"X-KV-Name": "a/b"}),
+                              ({"cache_prompt_parent": ""}, None), ({}, {"X-KV-Namespace": "x\\y"})]:
+            r = post(u, "/completion", {"prompt": "hi", "n_predict": 1, **body}, headers)
+            assert r.status == 400, (body, headers, r.status, r.body)
+            err = r.json["error"]
+            assert err["type"] == "invalid_request_error" and err["message"], err
+        r = post(u, "/slots/0?action=save", {"filename": "a/../b"})
+        assert r.status == 400 and r.json["error"]["message"]
+        for bad in ("2", "-1", "x"):
+            r = post(u, f"/slots/{bad}?action=save", {"filename": "ok"})
+            assert r.status == 400 and "slot" in r.json["error"]["message"], (bad, r.body)
+
+        # -- raw slot API, through kvstore.save / kvstore.restore pointed at the hooks
+        r = complete(u, intro(0), n_predict=2)
+        slot = int(r.headers["X-KV-Slot"])
+        saved = kvstore.save("raw-state", slot, server=u, namespace="t1")
+        assert saved["n_saved"] > 0, saved
+        info = get(u, "/kvstore/states/raw-state", {"X-KV-Namespace": "t1"})
+        assert info.status == 200 and info.json["n_tokens"] == saved["n_saved"]
+        assert get(u, "/kvstore/states/raw-state").status == 404  # another namespace
+        restored = kvstore.restore("raw-state", 1 - slot, server=u, namespace="t1")
+        assert restored["n_restored"] == saved["n_saved"], restored
+        r = complete(u, intro(0) + " More", name="raw-state", headers={"X-KV-Namespace": "t1"}, n_predict=2)
+        assert r.kind == "slot" and int(r.headers["X-KV-Slot"]) == 1 - slot and r.prompt_n <= 3
+        assert post(u, "/slots/0?action=restore", {"filename": "never-saved"}).status == 404
+        r = post(u, f"/slots/{slot}?action=erase", {})
+        assert r.status == 200 and "n_erased" in r.json
+        assert get(u, "/slots").status == 200  # passthrough
+
+        # -- a corrupt object: the request still succeeds by evaluating the prompt; nothing else is lost
+        def objects():
+            return {p for p in (store / "objects").rglob("*") if p.is_file()}
+
+        for s in (0, 1):  # drop unsaved slot contents, so that priming saves nothing but its own state
+            assert post(u, f"/slots/{s}?action=erase", {}).status == 200
+        assert post(u, "/kvstore/states/other", {"prompt": intro(1)}).status == 200
+        before = objects()
+        assert post(u, "/kvstore/states/victim", {"prompt": intro(2)}).status == 200
+        new = sorted(objects() - before, key=lambda p: p.stat().st_size)
+        assert new, "priming stored no new object"
+        target = new[-1]  # the largest: a KV block
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.chmod(0o644)
+        target.write_bytes(bytes(data))
+        for s in (0, 1):  # make both states non-resident
+            assert post(u, f"/slots/{s}?action=erase", {}).status == 200
+        failures = metric(u, "kvstore_restore_failures_total")
+        r = complete(u, intro(2) + "Hello", name="victim", n_predict=2)
+        assert r.kind == "miss" and r.prompt_n >= 60, (r.kind, r.prompt_n)
+        assert metric(u, "kvstore_restore_failures_total") == failures + 1
+        r = complete(u, intro(1) + "Hello", name="other", n_predict=2)
+        assert r.kind == "restored" and r.prompt_n <= 4, (r.kind, r.prompt_n)
+        assert metric(u, "kvstore_hits_total", '{kind="restored"}') >= 1
+
+        # -- upstream down: 502 with the reason
+        srv.close()
+        r = post(u, "/completion", {"prompt": "hi", "n_predict": 1})
+        assert r.status == 502 and "unreachable" in r.json["error"]["message"], r.body
+        r = request(u + "/health")
+        assert r.status == 502

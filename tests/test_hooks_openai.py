@@ -1,0 +1,39 @@
+"""The `openai` client works unchanged: chat, stream=True, the name by header or by extra_body."""
+from __future__ import annotations
+
+from openai import OpenAI
+
+from hooks_support import engine, get, hooks, metric, stack
+
+
+def test_openai_chat_stream_named(tmp_path):
+    store = tmp_path / "store"
+    srv = engine("smollm2", store)
+    with stack(srv), hooks(srv.url, store) as hk:
+        client = OpenAI(base_url=hk.url + "/v1", api_key="sk-tenant-a", max_retries=0)
+        msgs = [{"role": "system", "content": "You are a terse assistant. The user's name is Ada and she lives "
+                                              "in Porto, a city famous for its bridges and its wine."},
+                {"role": "user", "content": "Where do I live?"}]
+
+        def chat(messages, **kw):
+            raw = client.chat.completions.with_raw_response.create(
+                model="m", messages=messages, max_tokens=6, temperature=0, stream=True, **kw)
+            text, chunks = "", 0
+            for chunk in raw.parse():
+                chunks += 1
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+            return raw.headers, text, chunks
+
+        h1, t1, n1 = chat(msgs, extra_headers={"X-KV-Name": "ada"})
+        assert h1["X-KV-Cache"] == "miss" and n1 > 1 and t1
+        msgs += [{"role": "assistant", "content": t1}, {"role": "user", "content": "And my name?"}]
+        before = metric(hk.url, "kvstore_prompt_tokens_evaluated_total")
+        h2, t2, _ = chat(msgs, extra_body={"cache_prompt_name": "ada"})
+        assert h2["X-KV-Cache"] == "slot" and h2["X-KV-Slot"] == h1["X-KV-Slot"], dict(h2)
+        evaluated = metric(hk.url, "kvstore_prompt_tokens_evaluated_total") - before
+        assert 0 < evaluated < 40, evaluated  # the timings of the last SSE chunk were counted
+        # The API key is the namespace: another key does not see "ada".
+        listed = get(hk.url, "/kvstore/states", {"Authorization": "Bearer sk-other"}).json
+        assert listed["namespace"].startswith("key-") and listed["states"] == []
+    print(f"\nopenai stream: {t1!r} then {t2!r}; second turn evaluated {evaluated:.0f} tokens")

@@ -1,0 +1,91 @@
+"""Restarts: stop the hooks and llama-server, start both again on the same store: returning users are
+restored (X-KV-Cache: restored), not re-evaluated."""
+from __future__ import annotations
+
+import pytest
+
+from hooks_support import MODELS, QUESTIONS, complete, engine, get, hooks, intro, stack, tokenize, turn_prompt
+
+USERS = 3
+SLACK = {"smollm2": 2, "gemma3": 8}  # see test_hooks_users.py
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_restart_restores_returning_users(model, tmp_path):
+    store = tmp_path / "store"
+    prompts, replies = {}, {}
+    srv = engine(model, store)
+    with stack(srv), hooks(srv.url, store) as hk:
+        for u in range(USERS):
+            prompts[u] = turn_prompt(intro(u), QUESTIONS[0])
+            r = complete(hk.url, prompts[u], name=f"user{u}", n_predict=4)
+            replies[u] = r.json["content"]
+        # user2 is still resident and dirty: only the shutdown save can keep it.
+        assert any(s["dirty"] for s in get(hk.url, "/kvstore/stats").json["slots"])
+    # both stopped; nothing of them remains but the store
+    assert not list((store / "sync").glob(".kv-*"))
+    srv = engine(model, store)
+    with stack(srv), hooks(srv.url, store) as hk:
+        got = []
+        for u in range(USERS):
+            prompt = turn_prompt(prompts[u] + replies[u] + "\n", QUESTIONS[1])
+            r = complete(hk.url, prompt, name=f"user{u}", n_predict=4)
+            new = len(tokenize(srv.url, prompt)) - len(tokenize(srv.url, prompts[u]))
+            got.append((u, r.kind, r.prompt_n, new, len(tokenize(srv.url, prompt))))
+            assert r.kind == "restored", got[-1]
+            assert r.prompt_n <= new + SLACK[model], got[-1]
+        names = {s["name"] for s in get(hk.url, "/kvstore/states").json["states"]}
+    print(f"\n[{model}] after restart (user, kind, prompt_n, new tokens, prompt tokens): {got}")
+    assert names == {f"user{u}" for u in range(USERS)}
+
+
+def test_serve_command_sigterm_saves_dirty_slots(tmp_path):
+    """`kvstore serve --upstream URL` (hooks.serve.main) prints its URL; SIGTERM saves dirty slots, exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from hooks_support import ROOT
+
+    store = tmp_path / "store"
+    srv = engine("smollm2", store)
+    with stack(srv):
+        proc = subprocess.Popen([sys.executable, "-m", "hooks.serve", "--upstream", srv.url, "--store", str(store),
+                                 "--port", "0", "--idle-save", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()
+            assert "listening on http://" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+            url = line.split("listening on ")[1].split()[0]
+            r = complete(url, intro(0), name="cli-user", n_predict=2)
+            assert r.kind == "miss"
+            assert get(url, "/kvstore/states").json["states"] == []  # dirty, not saved yet
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        with hooks(srv.url, store) as hk:
+            names = [s["name"] for s in get(hk.url, "/kvstore/states").json["states"]]
+            r = complete(hk.url, intro(0) + " Hi", name="cli-user", n_predict=2)
+    assert names == ["cli-user"]
+    assert r.kind == "restored" and r.prompt_n <= 4, (r.kind, r.prompt_n)
+
+
+def test_idle_save(tmp_path):
+    """A dirty slot is saved after --idle-save seconds idle and stays resident (clean)."""
+    import time
+
+    store = tmp_path / "store"
+    srv = engine("smollm2", store)
+    with stack(srv), hooks(srv.url, store, idle_save=0.5) as hk:
+        r = complete(hk.url, intro(3), name="idle-user", n_predict=2)
+        slot = int(r.headers["X-KV-Slot"])
+        deadline = time.monotonic() + 20
+        while get(hk.url, "/kvstore/states/idle-user").status != 200:
+            assert time.monotonic() < deadline, "not saved after 20 s idle"
+            time.sleep(0.2)
+        info = get(hk.url, "/kvstore/states/idle-user").json
+        assert info["resident_slot"] == slot and info["dirty"] is False
+        r = complete(hk.url, intro(3) + " More", name="idle-user", n_predict=2)
+        assert r.kind == "slot"

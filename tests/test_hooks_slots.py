@@ -1,0 +1,203 @@
+"""Unit tests of SlotTable's choices (no llama-server: the save callback is recorded)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hooks.slots import QueueFull, SlotTable, common_prefix
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(n=2, max_queue=64):
+    saved = []
+
+    async def save(slot):
+        await asyncio.sleep(0)
+        saved.append((slot.id, slot.key))
+
+    clock = Clock()
+    return SlotTable(n, save=save, max_queue=max_queue, clock=clock), saved, clock
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_empty_first_then_lru_and_resident_in_place():
+    async def go():
+        t, saved, clock = make()
+        async with t.acquire(key=("", "a")) as l:
+            assert l.slot.id == 0 and not l.resident
+            l.slot.dirty = True
+            clock.t = 1
+            t.touch(l.slot)
+        async with t.acquire(key=("", "b")) as l:
+            assert l.slot.id == 1  # empty before LRU
+            l.slot.dirty = True
+            clock.t = 2
+            t.touch(l.slot)
+        async with t.acquire(key=("", "a")) as l:
+            assert l.slot.id == 0 and l.resident
+            clock.t = 3
+            t.touch(l.slot)
+        assert saved == []
+        async with t.acquire(key=("", "c")) as l:  # LRU is slot 1 (b): saved first, then relabelled
+            assert l.slot.id == 1 and l.slot.key == ("", "c") and not l.slot.dirty
+        assert saved == [(1, ("", "b"))]
+    run(go())
+
+
+def test_clean_slot_is_not_saved_and_parent_used_in_place():
+    async def go():
+        t, saved, clock = make()
+        async with t.acquire(key=("", "article")) as l:
+            l.slot.tokens = [1, 2, 3]
+            t.touch(l.slot)
+        async with t.acquire(key=("", "q1"), parent=("", "article")) as l:
+            assert l.parent_resident and l.slot.id == 0
+            assert l.slot.key == ("", "q1") and l.slot.parent == "article"
+        assert saved == []
+    run(go())
+
+
+def test_waits_for_busy_resident_name_and_queue_bound():
+    async def go():
+        t, saved, clock = make(n=1, max_queue=1)
+        order = []
+        gate = asyncio.Event()
+
+        async def first():
+            async with t.acquire(key=("", "a")) as l:
+                order.append(("first", l.slot.id))
+                await gate.wait()
+
+        async def second():
+            async with t.acquire(key=("", "a")) as l:
+                order.append(("second", l.slot.id, l.resident))
+
+        f = asyncio.create_task(first())
+        await asyncio.sleep(0)
+        s = asyncio.create_task(second())
+        await asyncio.sleep(0)
+        assert t.queue_length == 1
+        with pytest.raises(QueueFull):
+            async with t.acquire(key=("", "b")):
+                pass
+        gate.set()
+        await asyncio.gather(f, s)
+        assert order == [("first", 0), ("second", 0, True)]
+        assert t.queue_length == 0
+    run(go())
+
+
+def test_unnamed_prefers_best_prefix_unless_store_is_better():
+    async def go():
+        t, saved, clock = make()
+        t.slots[0].tokens = [1, 2, 3, 4]
+        t.slots[0].last_used = 5
+        t.slots[1].tokens = [9, 9]
+        t.slots[1].last_used = 1
+        async with t.acquire(tokens=[1, 2, 3, 7]) as l:
+            assert l.slot.id == 0 and l.lcp == 3
+        async with t.acquire(tokens=[1, 2, 3, 7], better_than=10) as l:
+            assert l.slot.id == 1 and l.lcp == 0  # store has more: take the LRU slot and restore into it
+    run(go())
+
+
+def test_unnamed_request_saves_named_dirty_slot_first():
+    async def go():
+        t, saved, clock = make(n=1)
+        async with t.acquire(key=("ns", "a")) as l:
+            l.slot.dirty = True
+            l.slot.tokens = [1, 2]
+        async with t.acquire(tokens=[1, 2, 3]) as l:
+            assert l.lcp == 2 and l.slot.name is None and not l.slot.dirty
+        assert saved == [(0, ("ns", "a"))]
+    run(go())
+
+
+def test_errors_release_the_slot():
+    async def go():
+        t, saved, clock = make(n=1)
+        with pytest.raises(RuntimeError):
+            async with t.acquire(key=("", "a")):
+                raise RuntimeError("boom")
+        assert not t.slots[0].busy
+        async with asyncio.timeout(1):
+            async with t.acquire(key=("", "b")):
+                pass
+    run(go())
+
+
+def test_cancelled_handler_keeps_slot_locked_until_save_ends():
+    async def go():
+        release = asyncio.Event()
+        done = []
+
+        async def slow_save(slot):
+            await release.wait()
+            done.append(slot.id)
+
+        t = SlotTable(1, save=slow_save)
+        t.slots[0].name, t.slots[0].dirty = "a", True
+
+        async def handler():
+            async with t.acquire(key=("", "b")):
+                pass
+
+        h = asyncio.create_task(handler())
+        await asyncio.sleep(0.01)
+        h.cancel()
+        await asyncio.gather(h, return_exceptions=True)
+        assert t.slots[0].busy  # the save still runs, so nobody may use the slot
+        release.set()
+        await asyncio.sleep(0.01)
+        assert done == [0] and not t.slots[0].busy
+    run(go())
+
+
+def test_save_idle_and_save_all():
+    async def go():
+        t, saved, clock = make()
+        for s, name in zip(t.slots, "ab"):
+            s.name, s.dirty, s.last_used = name, True, 0
+        clock.t = 10
+        t.slots[1].last_used = 9
+        assert await t.save_idle(5) == 1
+        assert saved == [(0, ("", "a"))] and t.slots[0].name == "a" and not t.slots[0].dirty
+        assert await t.save_all() == 1
+        assert saved[-1] == (1, ("", "b"))
+    run(go())
+
+
+def test_fifo_under_contention_no_deadlock():
+    async def go():
+        t, saved, clock = make(n=2)
+        served = []
+
+        async def client(i):
+            async with t.acquire(key=("", f"n{i % 5}")) as l:
+                await asyncio.sleep(0.001 * (i % 3))
+                l.slot.dirty = True
+                served.append(i)
+
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(client(i) for i in range(40)))
+        assert sorted(served) == list(range(40))
+        names = [s.name for s in t.slots]
+        assert len(set(names)) == len(names)  # a name is never in two slots
+    run(go())
