@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,25 @@ def test_damaged_object(damage, store, state_files, tmp_path):
     out_y = tmp_path / "y.bin"
     store.materialize("y", str(out_y))
     assert out_y.read_bytes() == y.read_bytes()
+
+
+def test_corrupt_object_is_repaired_by_the_next_ingest_of_the_same_content(store, state_files, tmp_path):
+    """Content addressing would keep reusing a corrupt file (the id is present, so the write is skipped);
+    a failed read moves it aside, so saving the same state again rewrites it and the name restores again."""
+    src = state_files["smollm2_fa_on"]
+    store.ingest("a", str(src))
+    objects = [p for p in Path(store.path, "objects").glob("??/*") if p.is_file()]
+    victim = max(objects, key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[-10] ^= 0xFF
+    os.chmod(victim, 0o644)
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CorruptObject) as e:
+        store.materialize("a", str(tmp_path / "x.bin"))
+    assert "quarantine" in str(e.value)
+    assert not victim.exists() and any(Path(store.path, "objects", ".quarantine").iterdir())
+    report = store.ingest("a", str(src))
+    assert report["new_objects"] >= 1
+    store.materialize("a", str(tmp_path / "y.bin"))
+    assert (tmp_path / "y.bin").read_bytes() == src.read_bytes()
+    assert not store.verify()["corrupt"] and not store.verify()["missing"]

@@ -77,7 +77,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
-    #[error("object {id}: {reason}; run `kvstore verify`")]
+    #[error("object {id}: {reason} (moved to objects/.quarantine; saving the same state again repairs it); run `kvstore verify` to see which names are affected")]
     Corrupt { id: ObjectId, reason: String },
     #[error("object {id} is missing; run `kvstore verify`")]
     Missing { id: ObjectId },
@@ -123,6 +123,8 @@ pub trait Backend: Send + Sync {
     fn touch(&self, id: &ObjectId) -> Result<Option<u64>, ObjectError>;
     /// Remove leftover temporary files older than `grace` (count them only if `dry_run`).
     fn clean_temp(&self, grace: Duration, dry_run: bool) -> Result<usize, ObjectError>;
+    /// Move a corrupt object aside (kept for inspection), so that the next put of the same content rewrites it.
+    fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError>;
 }
 
 /// `<root>/xx/<64 hex>`; temp files `<root>/xx/.tmp-<random>` beside their target.
@@ -242,6 +244,18 @@ impl Backend for LocalDir {
             }
         }
         Ok(out)
+    }
+
+    fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError> {
+        let dir = self.root.join(".quarantine");
+        fs::create_dir_all(&dir).map_err(|e| ObjectError::io(&dir, e))?;
+        let src = self.path_of(id);
+        let dst = dir.join(format!("{}.{}", id.hex(), random_suffix()));
+        match fs::rename(&src, &dst) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()), // another reader moved it first
+            Err(e) => Err(ObjectError::io(src, e)),
+        }
     }
 
     fn delete(&self, id: &ObjectId) -> Result<u64, ObjectError> {
@@ -377,11 +391,20 @@ impl ObjectStore {
     /// Read, decode and re-hash. `Missing` if absent, `Corrupt` on any mismatch.
     pub fn get(&self, id: &ObjectId) -> Result<Got, ObjectError> {
         let encoded = self.backend.get(id)?.ok_or(ObjectError::Missing { id: *id })?;
-        let bytes = decode(&encoded).map_err(|reason| ObjectError::Corrupt { id: *id, reason })?;
-        if ObjectId::of(&bytes) != *id {
-            return Err(ObjectError::Corrupt { id: *id, reason: "hash mismatch".into() });
+        let checked = match decode(&encoded) {
+            Ok(bytes) if ObjectId::of(&bytes) == *id => Ok(bytes),
+            Ok(_) => Err("hash mismatch".to_string()),
+            Err(reason) => Err(reason),
+        };
+        match checked {
+            Ok(bytes) => Ok(Got { bytes, stored_len: encoded.len() as u64 }),
+            Err(reason) => {
+                // Content addressing would otherwise keep reusing the bad file: a re-ingest of the same bytes
+                // finds the id present and skips the write. Moving it aside lets the next put repair it.
+                self.backend.quarantine(id)?;
+                Err(ObjectError::Corrupt { id: *id, reason })
+            }
         }
-        Ok(Got { bytes, stored_len: encoded.len() as u64 })
     }
 
     pub fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
@@ -555,12 +578,17 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("hash mismatch") && e.to_string().contains(&put.id.short()), "{e}");
         // Truncated and garbage files.
         let good = encode(&raw, 2, 1).unwrap();
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
         fs::write(&p, &good[..good.len() - 3]).unwrap();
         assert!(matches!(s.get(&put.id), Err(ObjectError::Corrupt { .. })));
         fs::write(&p, b"KVOB\x01\x00\x01\x00\xff\xff\xff\xff\xff\xff\xff\x7f").unwrap();
         assert!(matches!(s.get(&put.id), Err(ObjectError::Corrupt { .. })));
-        fs::remove_file(&p).unwrap();
+        // Each corrupt read moved the file aside, so the id is now missing and the next put repairs it.
+        assert!(!p.exists());
+        assert_eq!(fs::read_dir(d.0.join(".quarantine")).unwrap().count(), 3);
         assert!(matches!(s.get(&put.id), Err(ObjectError::Missing { .. })));
+        assert!(s.put(&raw, 2, 1).unwrap().was_new);
+        assert_eq!(s.get(&put.id).unwrap().bytes, raw);
     }
 
     #[test]
