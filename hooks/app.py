@@ -78,7 +78,10 @@ class Hooks:
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     async def context(self, app: web.Application):
         """aiohttp cleanup context: one ClientSession, the store, the slot table; save everything on the way out."""
+        # llama-server (cpp-httplib) drops idle keep-alive connections after 5 s; keep ours for less, so a pooled
+        # connection is rarely stale (Upstream also retries once when one is).
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+                                             connector=aiohttp.TCPConnector(keepalive_timeout=2.0),
                                              auto_decompress=False)
         try:
             self.up = Upstream(self.cfg.upstream, self.session)

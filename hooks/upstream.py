@@ -38,6 +38,13 @@ def request_headers(headers, *, keep_length: bool = False) -> dict[str, str]:
             and not k.lower().startswith("x-kv-")}
 
 
+# A pooled connection that the server closed while idle fails like this before any byte of the reply: the request
+# never reached llama-server, so sending it again on a fresh connection is safe.
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)
+# Request bodies up to this size are read before forwarding, so they can be sent again on a stale connection.
+REPLAYABLE_BODY = 1 << 20
+
+
 def reply_headers(headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
@@ -54,13 +61,18 @@ class Upstream:
             kw["json"] = body
         if timeout is not None:
             kw["timeout"] = aiohttp.ClientTimeout(total=timeout)
-        try:
-            async with self.session.request(method, self.url + path, **kw) as r:
-                data = await r.read()
-                if r.status >= 400:
-                    raise UpstreamReply(r.status, data)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
+        for attempt in (1, 2):
+            try:
+                async with self.session.request(method, self.url + path, **kw) as r:
+                    data = await r.read()
+                    if r.status >= 400:
+                        raise UpstreamReply(r.status, data)
+                break
+            except STALE_CONNECTION as e:
+                if attempt == 2:
+                    raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
         try:
             return json.loads(data) if data else None
         except ValueError as e:
@@ -105,19 +117,28 @@ class Upstream:
         body: replacement body bytes (else the request body is streamed through). extra_headers: set on the
         reply before prepare(). tee(chunk): sees every chunk (metrics), must not keep them all.
         """
+        if body is None and request.body_exists and (request.content_length or 0) <= REPLAYABLE_BODY \
+                and request.content_length is not None:
+            body = await request.read()
+            content_type = request.headers.get("Content-Type")
+        else:
+            content_type = "application/json"
         streamed = body is None and request.body_exists
         headers = request_headers(request.headers, keep_length=streamed)
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-            data: Any = body
-        else:
-            data = request.content.iter_any() if streamed else None
-        try:
-            upstream = await self.session.request(request.method, self.url + path, params=request.query,
-                                                  headers=headers, data=data,
-                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
+        if body is not None and content_type:
+            headers["Content-Type"] = content_type
+        for attempt in (1, 2):
+            data: Any = body if body is not None else (request.content.iter_any() if streamed else None)
+            try:
+                upstream = await self.session.request(request.method, self.url + path, params=request.query,
+                                                      headers=headers, data=data,
+                                                      timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+                break
+            except STALE_CONNECTION as e:
+                if attempt == 2 or streamed:  # a streamed body is consumed: it cannot be sent again
+                    raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
         async with upstream:
             resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                       headers=reply_headers(upstream.headers))
