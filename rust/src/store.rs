@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +23,7 @@ use crate::manifest::{
     check_expect, common_prefix, fingerprint_id, now_f64, now_secs, prefix_chain, Fingerprint, Manifest,
     MANIFEST_VERSION,
 };
-use crate::objects::{atomic_write, random_suffix, ObjectError, ObjectId, ObjectStore, Put};
+use crate::objects::{fsync_dir, random_suffix, ObjectError, ObjectId, ObjectStore, Put};
 
 pub const BLOCK_SIZE_DEFAULT: u32 = 32;
 pub const LEVEL_DEFAULT: i32 = 1;
@@ -280,14 +281,7 @@ impl Store {
         let mut seen = HashSet::with_capacity(ids.len());
         let distinct: Vec<usize> = (0..ids.len()).filter(|&i| seen.insert(ids[i])).collect();
 
-        let _lock = self.lock_shared()?;
-        let level = self.level;
-        let skeleton_put = self.objects.put(&d.skeleton, 1, level)?;
-        let block_puts: Vec<Put> = distinct
-            .par_iter()
-            .map(|&i| self.objects.put_with_id(ids[i], &d.blocks[i].bytes, d.blocks[i].elem_size, level))
-            .collect::<std::result::Result<_, ObjectError>>()?;
-
+        let skeleton_id = ObjectId::of(&d.skeleton);
         let fid = fingerprint_id(fingerprint);
         let manifest = Manifest {
             version: MANIFEST_VERSION,
@@ -298,7 +292,7 @@ impl Store {
             tokens: d.tokens.clone(),
             file_bytes,
             file_hash: crate::objects::hex(&file_hash),
-            skeleton: skeleton_put.id.hex(),
+            skeleton: skeleton_id.hex(),
             blocks: ids.iter().map(ObjectId::hex).collect(),
             block_size: self.block_size,
             parent: parent_manifest.map(|p| p.hex()),
@@ -306,8 +300,23 @@ impl Store {
             n_stream: d.n_stream,
         };
         let json = manifest.to_json();
-        let manifest_put = self.objects.put(&json, 1, level)?;
-        let mid = manifest_put.id;
+        let mid = ObjectId::of(&json);
+
+        // Skeleton, distinct blocks and manifest in one batch: encoded in parallel, all durable (files and
+        // their directories fsynced) before the index commit below.
+        let mut items: Vec<(ObjectId, &[u8], u8)> = Vec::with_capacity(distinct.len() + 2);
+        items.push((skeleton_id, &d.skeleton, 1));
+        items.extend(distinct.iter().map(|&i| (ids[i], d.blocks[i].bytes.as_slice(), d.blocks[i].elem_size)));
+        items.push((mid, &json, 1));
+        // Ids are distinct unless the skeleton or the manifest equals a block (only by hash collision).
+        let mut seen_items = HashSet::with_capacity(items.len());
+        items.retain(|x| seen_items.insert(x.0));
+        let _lock = self.lock_shared()?;
+        let puts: HashMap<ObjectId, Put> =
+            self.objects.put_many(&items, self.level)?.into_iter().map(|p| (p.id, p)).collect();
+        let skeleton_put = puts[&skeleton_id];
+        let block_puts: Vec<Put> = distinct.iter().map(|&i| puts[&ids[i]]).collect();
+        let manifest_put = puts[&mid];
 
         // Accounting over this state's distinct objects.
         let mut rows: Vec<(ObjectId, ObjectRow, bool)> = Vec::with_capacity(block_puts.len() + 2);
@@ -470,6 +479,20 @@ impl Store {
     /// Rebuild a state's slot file in memory. Byte-exact (and checked against the stored file hash) unless
     /// `n_stream` asks for another stream count than the saved one.
     pub fn rebuild(&self, target: &Target, expect: Option<&Fingerprint>, n_stream: Option<u32>) -> Result<(Loaded, Vec<u8>)> {
+        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream)?;
+        if exact {
+            check_file_hash(target, &loaded, &file)?;
+        }
+        Ok((loaded, file))
+    }
+
+    /// The rebuilt bytes and whether they must match the manifest's file hash (not yet checked).
+    fn rebuild_unchecked(
+        &self,
+        target: &Target,
+        expect: Option<&Fingerprint>,
+        n_stream: Option<u32>,
+    ) -> Result<(Loaded, Vec<u8>, bool)> {
         let loaded = self.load(target, expect)?;
         let m = &loaded.manifest;
         let exact = n_stream.is_none() || n_stream == Some(m.n_stream);
@@ -477,20 +500,11 @@ impl Store {
         let refs: Vec<&[u8]> = ids.iter().map(|id| loaded.blocks[id].as_slice()).collect();
         let opts = EmitOptions { n_stream: if exact { None } else { n_stream } };
         let file = format::recompose(&loaded.skeleton, &refs, &opts)?;
-        if exact {
-            let ok = file.len() as u64 == m.file_bytes && crate::objects::hex(blake3::hash(&file).as_bytes()) == m.file_hash;
-            if !ok {
-                return Err(ObjectError::Corrupt {
-                    id: loaded.manifest_id,
-                    reason: format!("state {} rebuilt to bytes that do not match its file hash", label(target)),
-                }
-                .into());
-            }
-        }
-        Ok((loaded, file))
+        Ok((loaded, file, exact))
     }
 
     /// Write a state as a slot file at `out_path`: `<dir>/.<random>.tmp`, then rename (fsync only if `durable`).
+    /// The file hash is checked while the temp file is written; a mismatch removes it before any rename.
     pub fn materialize(
         &self,
         target: &Target,
@@ -500,8 +514,30 @@ impl Store {
         durable: bool,
     ) -> Result<MaterializeReport> {
         let t0 = Instant::now();
-        let (loaded, file) = self.rebuild(target, expect, n_stream)?;
-        atomic_write(out_path, &format!(".{}.tmp", random_suffix()), &file, durable)?;
+        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream)?;
+        let dir = out_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(".{}.tmp", random_suffix()));
+        let write = || -> Result<()> {
+            let mut f = File::options().write(true).create_new(true).open(&tmp).map_err(|e| ObjectError::io(&tmp, e))?;
+            f.write_all(&file).map_err(|e| ObjectError::io(&tmp, e))?;
+            if durable {
+                f.sync_all().map_err(|e| ObjectError::io(&tmp, e))?;
+            }
+            Ok(())
+        };
+        let check = || if exact { check_file_hash(target, &loaded, &file) } else { Ok(()) };
+        let (w, c) = rayon::join(write, check);
+        let result = w.and(c).and_then(|()| {
+            std::fs::rename(&tmp, out_path).map_err(|e| ObjectError::io(out_path, e))?;
+            if durable {
+                fsync_dir(dir).map_err(|e| ObjectError::io(dir, e))?;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         Ok(MaterializeReport {
             manifest_id: loaded.manifest_id.hex(),
             n_tokens: loaded.manifest.n_tokens,
@@ -809,6 +845,20 @@ impl Store {
 
 /// (names with their manifest, manifest → objects it needs, manifests missing or unreadable).
 pub(crate) type LiveSet = (Vec<(NameRef, ObjectId)>, HashMap<ObjectId, Vec<ObjectId>>, Vec<ObjectId>);
+
+/// A byte-exact rebuild must match the manifest's length and file hash.
+fn check_file_hash(target: &Target, loaded: &Loaded, file: &[u8]) -> Result<()> {
+    let m = &loaded.manifest;
+    let ok = file.len() as u64 == m.file_bytes && crate::objects::hex(blake3::hash(file).as_bytes()) == m.file_hash;
+    if ok {
+        return Ok(());
+    }
+    Err(ObjectError::Corrupt {
+        id: loaded.manifest_id,
+        reason: format!("state {} rebuilt to bytes that do not match its file hash", label(target)),
+    }
+    .into())
+}
 
 fn row(raw_len: usize, p: &Put) -> ObjectRow {
     ObjectRow { raw_len: raw_len as u64, stored_len: p.stored_len }
