@@ -51,6 +51,27 @@ def error(status: int, message: str, kind: str = "invalid_request_error", header
     return web.json_response({"error": {"message": message, "type": kind}}, status=status, headers=headers)
 
 
+HANDLED = (QueueFull, UpstreamError, UpstreamReply)
+
+
+def failure(e: Exception) -> web.Response:
+    """The reply for a request that failed with one of HANDLED."""
+    if isinstance(e, QueueFull):
+        return error(503, str(e), "unavailable_error", headers={"Retry-After": "1"})
+    if isinstance(e, UpstreamReply):  # e.g. /tokenize refused the prompt: pass llama-server's answer on
+        return web.Response(status=e.status, body=e.body, content_type="application/json")
+    return error(502, str(e), "upstream_error")
+
+
+def not_found(ns: str, name: str) -> web.Response:
+    return error(404, f"no state named {name!r} in namespace {ns!r}", "not_found_error")
+
+
+def state_key(request: web.Request) -> tuple[str, str]:
+    """(namespace, name) of a /kvstore/states/{name} request; raises nm.BadName."""
+    return nm.namespace_of(request.headers), nm.validate(request.match_info["name"], "name")
+
+
 class NotStored(Exception):
     pass
 
@@ -218,7 +239,37 @@ class Hooks:
             return hit
         return None
 
-    async def _prepare(self, lease: Lease, naming: nm.Naming, tokens_fn, hint: Optional[dict]) -> tuple[str, int]:
+    async def _stored(self, namespace: str, name: str) -> bool:
+        try:
+            return await asyncio.to_thread(self.store.get, name, namespace=namespace) is not None
+        except Exception as e:  # noqa: BLE001 - unknown: let the restore decide
+            log.error("store lookup of %r failed: %s", name, e)
+            return True
+
+    async def _plan(self, naming: nm.Naming, tokens_fn) -> tuple[Optional[list[int]], Optional[dict], int, bool]:
+        """What to ask the slot table for, before taking a slot: (tokens, stored-prefix hit, better_than, looked_up).
+
+        A request with nothing of its own to restore (unnamed without a parent; named, with its name neither
+        resident nor stored and no parent resident or stored) may reuse an idle slot's content in place, as
+        llama-server's slot similarity does: its prompt is tokenized and the longest stored prefix looked up, and
+        a slot wins if it shares more than that (a named request: at least one store block too).
+        """
+        ns = naming.namespace
+        if naming.name is None:
+            if naming.parent is not None:
+                return None, None, 0, False
+        elif (self.table.resident(naming.key) is not None or await self._stored(ns, naming.name)
+              or (naming.parent is not None and (self.table.resident(naming.parent_key) is not None
+                                                 or await self._stored(ns, naming.parent)))):
+            return None, None, 0, False
+        tokens = await tokens_fn()
+        hint = await self._lookup(ns, tokens)
+        stored = int(hint["n_common"]) if hint else 0
+        better = stored if naming.name is None else max(stored + 1, self.block_size)
+        return tokens, hint, better, True
+
+    async def _prepare(self, lease: Lease, naming: nm.Naming, tokens_fn, hint: Optional[dict],
+                       looked_up: bool = False) -> tuple[str, int]:
         """Bring the best stored state into the leased slot. Returns (X-KV-Cache kind, tokens restored)."""
         slot = lease.slot
         if lease.resident:
@@ -240,7 +291,7 @@ class Hooks:
                     return "parent", int(r.get("n_restored") or 0)
                 except NotStored:
                     pass
-            if hint is None and naming.name:
+            if not looked_up and naming.name:
                 hint = await self._lookup(ns, await tokens_fn())
             if hint is not None and int(hint["n_common"]) > lease.lcp:
                 try:
@@ -253,6 +304,23 @@ class Hooks:
         except RestoreFailed:
             return "miss", 0
         return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, naming: nm.Naming, tokens_fn, *, plan: bool = True):
+        """Hold a slot for a request and bring the best state into it: yields (lease, X-KV-Cache kind, restored).
+
+        plan: consider in-place reuse of an idle slot's content (see _plan); False for never-named requests.
+        """
+        tokens, hint, better, looked_up = await self._plan(naming, tokens_fn) if plan else (None, None, 0, False)
+        # A stored state of the request's own name beats its parent resident in a slot: it holds more tokens.
+        parent = naming.parent_key
+        if parent is not None and naming.name is not None and await self._stored(naming.namespace, naming.name):
+            parent = None
+        async with self.table.acquire(key=naming.key, parent=parent, tokens=tokens, namespace=naming.namespace,
+                                      better_than=better) as lease:
+            kind, n_restored = await self._prepare(lease, naming, tokens_fn, hint, looked_up)
+            self.metrics.kind(kind)
+            yield lease, kind, n_restored
 
     # ---- handlers --------------------------------------------------------------------------------------------------
     async def completion(self, request: web.Request) -> web.StreamResponse:
@@ -272,24 +340,10 @@ class Hooks:
             return error(400, str(e))
         nm.strip_fields(body)
 
-        toks_box: list = []
-
-        async def tokens_fn() -> Optional[list[int]]:
-            if not toks_box:
-                toks_box.append(await self._prompt_tokens(body, chat))
-            return toks_box[0]
-
+        tokens_fn = _Once(lambda: self._prompt_tokens(body, chat))
         try:
-            hint, tokens, better = None, None, 0
-            if naming.name is None and naming.parent is None and nameable:
-                tokens = await tokens_fn()
-                hint = await self._lookup(naming.namespace, tokens)
-                better = int(hint["n_common"]) if hint else 0
-            async with self.table.acquire(key=naming.key, parent=naming.parent_key, tokens=tokens,
-                                          better_than=better) as lease:
+            async with self._hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
                 slot = lease.slot
-                kind, n_restored = await self._prepare(lease, naming, tokens_fn, hint)
-                self.metrics.kind(kind)
                 body["id_slot"] = slot.id
                 body["cache_prompt"] = True
                 headers = {"X-KV-Cache": kind, "X-KV-Restored-Tokens": str(n_restored), "X-KV-Slot": str(slot.id)}
@@ -303,19 +357,15 @@ class Hooks:
                 finally:
                     if seen.started:
                         self.table.touch(slot)
-                        slot.tokens = list(toks_box[0]) if toks_box and toks_box[0] else []
+                        slot.tokens = list(tokens_fn.value or [])
                         if slot.name is not None:
                             slot.dirty = True
                 timings = seen.timings()
                 if timings and isinstance(timings.get("prompt_n"), (int, float)):
                     self.metrics.inc("prompt_tokens_evaluated", int(timings["prompt_n"]))
                 return resp
-        except QueueFull as e:
-            return error(503, str(e), "unavailable_error", headers={"Retry-After": "1"})
-        except UpstreamError as e:
-            return error(502, str(e), "upstream_error")
-        except UpstreamReply as e:  # e.g. /tokenize refused the prompt: pass llama-server's answer on
-            return web.Response(status=e.status, body=e.body, content_type="application/json")
+        except HANDLED as e:
+            return failure(e)
 
     async def _prompt_tokens(self, body: dict, chat: bool) -> Optional[list[int]]:
         """The prompt's tokens as llama-server will see them (best effort; None if unknown)."""
@@ -357,17 +407,9 @@ class Hooks:
                     body, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
             else:
                 prompt = body["prompt"]
-            toks_box: list = []
-
-            async def tokens_fn():
-                if not toks_box:
-                    toks_box.append(await self._prompt_tokens({"prompt": prompt}, False))
-                return toks_box[0]
-
-            async with self.table.acquire(key=naming.key, parent=naming.parent_key) as lease:
+            tokens_fn = _Once(lambda: self._prompt_tokens({"prompt": prompt}, False))
+            async with self._hold(naming, tokens_fn) as (lease, kind, n_restored):
                 slot = lease.slot
-                kind, n_restored = await self._prepare(lease, naming, tokens_fn, None)
-                self.metrics.kind(kind)
                 req = {"prompt": prompt, "n_predict": 0, "id_slot": slot.id, "cache_prompt": True,
                        "temperature": 0}
                 try:
@@ -380,12 +422,8 @@ class Hooks:
                 self.metrics.inc("prompt_tokens_evaluated", int(timings.get("prompt_n") or 0))
                 info = await lease.shielded(self._save_slot(slot))
                 slot.dirty = False
-        except QueueFull as e:
-            return error(503, str(e), "unavailable_error", headers={"Retry-After": "1"})
-        except UpstreamError as e:
-            return error(502, str(e), "upstream_error")
-        except UpstreamReply as e:
-            return web.Response(status=e.status, body=e.body, content_type="application/json")
+        except HANDLED as e:
+            return failure(e)
         return web.json_response({
             "name": name, "namespace": ns, "n_tokens": int((info or {}).get("n_tokens") or r.get("tokens_cached") or 0),
             "id_slot": slot.id, "cache": kind, "n_restored": n_restored, "timings": timings,
@@ -394,13 +432,12 @@ class Hooks:
 
     async def state_info(self, request: web.Request) -> web.Response:
         try:
-            ns = nm.namespace_of(request.headers)
-            name = nm.validate(request.match_info["name"], "name")
+            ns, name = state_key(request)
         except nm.BadName as e:
             return error(400, str(e))
         info = await asyncio.to_thread(self.store.get, name, namespace=ns)
         if info is None:
-            return error(404, f"no state named {name!r} in namespace {ns!r}", "not_found_error")
+            return not_found(ns, name)
         s = self.table.resident((ns, name))
         info = dict(info)
         info["resident_slot"] = s.id if s is not None else None
@@ -409,8 +446,7 @@ class Hooks:
 
     async def state_delete(self, request: web.Request) -> web.Response:
         try:
-            ns = nm.namespace_of(request.headers)
-            name = nm.validate(request.match_info["name"], "name")
+            ns, name = state_key(request)
         except nm.BadName as e:
             return error(400, str(e))
         s = self.table.resident((ns, name))
@@ -418,7 +454,7 @@ class Hooks:
             s.hold(None)
         removed = await asyncio.to_thread(self.store.remove, name, namespace=ns)
         if not removed and s is None:
-            return error(404, f"no state named {name!r} in namespace {ns!r}", "not_found_error")
+            return not_found(ns, name)
         return web.json_response({"name": name, "namespace": ns, "removed": True})
 
     async def state_list(self, request: web.Request) -> web.Response:
@@ -481,12 +517,8 @@ class Hooks:
                 lease.slot.hold(None)
                 lease.slot.clear()
                 return web.json_response(r)
-        except QueueFull as e:
-            return error(503, str(e), "unavailable_error", headers={"Retry-After": "1"})
-        except UpstreamError as e:
-            return error(502, str(e), "upstream_error")
-        except UpstreamReply as e:
-            return web.Response(status=e.status, body=e.body, content_type="application/json")
+        except HANDLED as e:
+            return failure(e)
 
     async def _raw_save(self, slot_id: int, ns: str, name: str) -> web.Response:
         async with self.table.acquire(slot_id=slot_id, relabel=False) as lease:
@@ -520,7 +552,7 @@ class Hooks:
             try:
                 r = await self._restore(lease, ns, name=name)
             except NotStored:
-                return error(404, f"no state named {name!r} in namespace {ns!r}", "not_found_error")
+                return not_found(ns, name)
             except RestoreFailed as e:
                 return error(400, f"restore of {name!r} failed: {e}")
             slot.tokens = []
@@ -537,6 +569,21 @@ class Hooks:
             return await self.up.forward(request, request.path)
         except UpstreamError as e:
             return error(502, str(e), "upstream_error")
+
+
+class _Once:
+    """An awaitable computed at most once, and only if asked for (the prompt's tokens); `.value` once it is."""
+
+    def __init__(self, fn):
+        self._fn = fn
+        self._done = False
+        self.value: Any = None
+
+    async def __call__(self) -> Any:
+        if not self._done:
+            self.value = await self._fn()
+            self._done = True
+        return self.value
 
 
 class _Tee:

@@ -29,33 +29,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-save", type=float, default=30.0, metavar="SECONDS",
                    help="save a dirty slot after this long idle (0: only on eviction and shutdown)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests that may wait for a slot")
-    e = p.add_argument_group("embedded llama-server (ignored with --upstream)")
-    e.add_argument("-m", "--model", help="GGUF path, 'gemma3' or 'smollm2' (default: kvstore.models.default_model())")
-    e.add_argument("-np", "--parallel", type=int, default=2)
-    e.add_argument("-c", "--ctx-size", type=int, default=8192)
-    e.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
-    e.add_argument("-ctk", "--cache-type-k", default="f16")
-    e.add_argument("-ctv", "--cache-type-v", default="f16")
-    e.add_argument("--cache-ram", type=int, default=8192, metavar="MiB")
-    e.add_argument("--swa-full", action="store_true")
-    e.add_argument("-b", "--batch-size", type=int, default=2048)
-    e.add_argument("-ub", "--ubatch-size", type=int, default=512)
-    e.add_argument("-v", "--verbose", action="store_true")
+    from kvstore.engine import add_engine_args
+
+    add_engine_args(p.add_argument_group("embedded llama-server (ignored with --upstream)"))
+    p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
 def start_engine(args):
     """Start the embedded llama-server writing into <store>/sync. Returns the EmbeddedServer."""
     from kvstore.config import sync_dir
-    from kvstore.engine import EmbeddedServer, EngineConfig
-    from kvstore.models import default_model, model_path
+    from kvstore.engine import EmbeddedServer, config_from_args
 
-    model = model_path(args.model) if args.model else default_model()
-    cfg = EngineConfig(model=str(model), parallel=args.parallel, ctx_size=args.ctx_size,
-                       slot_save_path=str(sync_dir(args.store)), flash_attn=args.flash_attn,
-                       cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, cache_ram=args.cache_ram,
-                       swa_full=args.swa_full, batch_size=args.batch_size, ubatch_size=args.ubatch_size)
-    return EmbeddedServer(cfg)
+    if args.kv_unified:
+        # One KV stream shared by all slots: restores would need states re-emitted for 1 stream, not n_slots.
+        raise ValueError("--kv-unified is not supported by kvstore serve")
+    return EmbeddedServer(config_from_args(args, slot_save_path=str(sync_dir(args.store))))
 
 
 class Running:

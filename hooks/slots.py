@@ -1,7 +1,8 @@
 """The slot table: which llama-server slot serves which request. Only `SlotTable` picks and evicts.
 
 A `Slot` mirrors one llama-server slot: the (namespace, name) whose state it holds (None: unnamed or empty),
-the tokens it holds (best effort: the last tokenized prompt), whether it has changes not yet in the store,
+the tokens it holds (best effort: the last tokenized prompt; unnamed requests and named ones with nothing to
+restore are always tokenized), whether it has changes not yet in the store,
 and an `asyncio.Lock` held for as long as a request uses it. Handlers hold a slot via
 `async with table.acquire(...) as lease`, so errors and disconnects release it. A slot is never saved or
 restored while it is processing: both happen under its lock, and every request to llama-server that
@@ -82,7 +83,7 @@ class Lease:
     slot: Slot
     resident: bool = False  # the slot already holds the requested name
     parent_resident: bool = False  # the slot holds the requested parent (used in place)
-    lcp: int = 0  # tokens the slot's content shares with the request's prompt (unnamed requests)
+    lcp: int = 0  # tokens the slot's content shares with the request's prompt (reused in place)
     _tasks: list = field(default_factory=list, repr=False)
 
     async def shielded(self, coro: Awaitable[Any]) -> Any:
@@ -142,7 +143,7 @@ class SlotTable:
         return min(idle, key=lambda s: (not s.empty, s.last_used, s.id))
 
     def _pick(self, key: Optional[Key], parent: Optional[Key], tokens: Optional[Sequence[int]],
-              slot_id: Optional[int], better_than: int) -> Optional[Lease]:
+              slot_id: Optional[int], better_than: int, namespace: str = "") -> Optional[Lease]:
         if slot_id is not None:
             s = self.slots[slot_id]
             return None if s.busy else Lease(s, resident=key is not None and s.key == key)
@@ -151,20 +152,17 @@ class SlotTable:
             if r is not None:
                 # Wait for it rather than fork a second copy of the same name.
                 return None if r.busy else Lease(r, resident=True)
-            p = self.resident(parent)
-            if p is not None and not p.busy:
-                return Lease(p, parent_resident=True)
-            s = self._lru(self._idle())
-            return None if s is None else Lease(s)
         idle = self._idle()
         if not idle:
             return None
-        if parent is not None:
-            p = self.resident(parent)
-            if p is not None and not p.busy:
-                return Lease(p, parent_resident=True)
-        if tokens:
-            best = max(idle, key=lambda s: (common_prefix(s.tokens, tokens), -s.last_used))
+        p = self.resident(parent)
+        if p is not None and not p.busy:
+            return Lease(p, parent_resident=True)
+        # Only a slot holding content of the same namespace is reused in place: tenants never share KV cells
+        # (nor learn, from cache_n, what another tenant's prompt began with).
+        same_ns = [s for s in idle if s.namespace == namespace]
+        if tokens and same_ns:
+            best = max(same_ns, key=lambda s: (common_prefix(s.tokens, tokens), -s.last_used))
             lcp = common_prefix(best.tokens, tokens)
             if lcp > 0 and lcp >= better_than:
                 return Lease(best, lcp=lcp)
@@ -183,18 +181,20 @@ class SlotTable:
     @contextlib.asynccontextmanager
     async def acquire(self, *, key: Optional[Key] = None, parent: Optional[Key] = None,
                       tokens: Optional[Sequence[int]] = None, slot_id: Optional[int] = None,
-                      better_than: int = 0, relabel: bool = True) -> AsyncIterator[Lease]:
+                      better_than: int = 0, relabel: bool = True, namespace: str = "") -> AsyncIterator[Lease]:
         """Hold a slot for a request.
 
         key: the request's name (None: unnamed). parent: a parent name to use in place if resident.
-        tokens: the prompt's tokens, for unnamed requests (in-place reuse of an idle slot's content).
-        slot_id: a specific slot (raw slot API, idle saves). better_than: a stored prefix this long exists,
-        so in-place reuse must beat it. relabel: displace the slot's state (save it first if dirty) and
+        tokens: the prompt's tokens, for in-place reuse of an idle slot's content (unnamed requests, and named
+        ones whose name and parent are not available). slot_id: a specific slot (raw slot API, idle saves).
+        better_than: the fewest shared tokens for in-place reuse (a stored prefix this long exists). namespace: the
+        request's; in-place reuse only considers slots whose content is of the same namespace. relabel: displace the
+        slot's state (save it first if dirty) and
         label the slot with `key`; False leaves the slot's label alone (raw save, idle save).
         """
         lease: Optional[Lease] = None
         while lease is None:
-            lease = self._pick(key, parent, tokens, slot_id, better_than)
+            lease = self._pick(key, parent, tokens, slot_id, better_than, namespace)
             if lease is not None:
                 break
             if len(self._waiters) >= self.max_queue:
@@ -215,6 +215,8 @@ class SlotTable:
                 slot.hold(key, parent=parent[1] if lease.parent_resident and parent else None)
                 if lease.parent_resident and key is None:
                     slot.parent = None
+                if key is None:  # unnamed content still belongs to the requester's namespace
+                    slot.namespace = namespace
             yield lease
         finally:
             pending = [t for t in lease._tasks if not t.done()]
@@ -244,20 +246,17 @@ class SlotTable:
 
     async def save_idle(self, older_than: float) -> int:
         """Save dirty slots idle for `older_than` seconds (they stay resident, now clean)."""
-        n = 0
-        for s in self.idle_dirty(older_than):
-            if s.busy:
-                continue
-            async with self.acquire(slot_id=s.id, relabel=False) as lease:
-                if lease.slot.dirty:
-                    await self.evict(lease)
-                    n += 1
-        return n
+        return await self._save_dirty(self.idle_dirty(older_than), skip_busy=True)
 
     async def save_all(self) -> int:
         """Shutdown: wait for each slot in turn and save it if dirty."""
+        return await self._save_dirty(self.slots, skip_busy=False)
+
+    async def _save_dirty(self, slots: list[Slot], *, skip_busy: bool) -> int:
         n = 0
-        for s in self.slots:
+        for s in slots:
+            if skip_busy and s.busy:
+                continue
             async with self.acquire(slot_id=s.id, relabel=False) as lease:
                 if lease.slot.dirty:
                     await self.evict(lease)

@@ -124,7 +124,7 @@ def test_unnamed_request_saves_named_dirty_slot_first():
         async with t.acquire(key=("ns", "a")) as l:
             l.slot.dirty = True
             l.slot.tokens = [1, 2]
-        async with t.acquire(tokens=[1, 2, 3]) as l:
+        async with t.acquire(tokens=[1, 2, 3], namespace="ns") as l:
             assert l.lcp == 2 and l.slot.name is None and not l.slot.dirty
         assert saved == [(0, ("ns", "a"))]
     run(go())
@@ -200,4 +200,22 @@ def test_fifo_under_contention_no_deadlock():
         assert sorted(served) == list(range(40))
         names = [s.name for s in t.slots]
         assert len(set(names)) == len(names)  # a name is never in two slots
+    run(go())
+
+
+def test_in_place_reuse_stays_inside_a_namespace():
+    """A slot's content is reused in place only by requests of the same namespace (tenant isolation)."""
+    async def go():
+        t, saved, clock = make()
+        prompt = list(range(100))
+        async with t.acquire(tokens=prompt, namespace="tenant-a") as l:
+            l.slot.tokens = prompt
+            assert l.slot.namespace == "tenant-a"
+            clock.t = 1
+            t.touch(l.slot)
+        first = l.slot.id
+        async with t.acquire(tokens=prompt + [7], namespace="tenant-b") as l:
+            assert l.lcp == 0 and l.slot.id != first  # the other tenant's slot is not a prefix source
+        async with t.acquire(tokens=prompt + [7], namespace="tenant-a") as l:
+            assert l.slot.id == first and l.lcp == 100
     run(go())
