@@ -35,10 +35,13 @@ PRESETS = {
     },
     "full": {
         "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore"],
-        "workloads": ["W1", "W2", "W3", "storage"], "parallel": 2, "ctx_size": 8192,
-        "w1": {"seed": 1, "users": 10, "turns": 8, "system_words": 150, "msg_words": 90, "n_predict": 32,
+        "workloads": ["W1", "W2", "W3", "W1long", "storage"], "parallel": 2, "ctx_size": 8192,
+        "w1": {"seed": 1, "users": 10, "turns": 5, "system_words": 100, "msg_words": 50, "n_predict": 24,
                "inflight": 3},
-        "w2": {"seed": 2, "articles": 5, "questions": 5, "article_words": [300, 600], "n_predict": 8},
+        "w2": {"seed": 2, "articles": 4, "questions": 4, "article_words": [300, 600], "n_predict": 8},
+        # Returning users with ~2,000 tokens of their own history: time to first token vs re-evaluation.
+        "w1long": {"seed": 3, "users": 4, "turns": 3, "system_words": 20, "first_words": 1400, "msg_words": 30,
+                   "n_predict": 16, "inflight": 2},
         "storage": {"article_words": 600, "children": 10},
     },
 }
@@ -50,6 +53,7 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
     variants = {
         "W1": [("W1", lambda t: workloads.run_w1(t, cfg["w1"]))],
         "W3": [("W3 restart", lambda t: workloads.run_w1(t, cfg["w1"], restart_at=max(1, cfg["w1"]["turns"] // 2)))],
+        "W1long": [("W1 long history", lambda t: workloads.run_w1(t, cfg["w1long"]))],
         "W2": [(f"W2 {o}{' +parents' if par else ''}", (lambda o=o, par=par: lambda t: workloads.run_w2(t, cfg["w2"], o, par))())
                for o in ("article-major", "question-major")
                for par in ((False, True) if spec.kind == "kvstore" else (False,))],

@@ -11,16 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from hooks.slots import common_prefix as lcp
+
 from . import text
 from .client import complete, post_json, tokenize
 
 
-def lcp(a: list, b: list) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass
@@ -77,6 +73,9 @@ def run_w1(target, p: dict, restart_at: int = 0) -> dict:
     turn = {u: 0 for u in users}
     msgs = {u: [text.paragraph(random.Random(f"{p['seed']}-{u}-{t}"), p["msg_words"]) for t in range(p["turns"])]
             for u in users}
+    if p.get("first_words"):  # a long history of each user's own (a document pasted into the first turn)
+        for u in users:
+            msgs[u][0] = text.paragraph(random.Random(f"{p['seed']}-{u}-doc"), p["first_words"]) + " " + msgs[u][0]
     tally = Tally()
     kv = target.spec.kind == "kvstore"
 

@@ -1,0 +1,30 @@
+"""The benchmark command keeps working: `python -m bench smoke` end to end on the real server (SmolLM2).
+
+Token counts are stable, so the smoke run also checks the claims the README table makes, at a small scale:
+with named parents kvstore evaluates about the ideal number of prompt tokens; storage round-trips byte-exactly
+(bench/storage.py asserts it) and stores a parent + children family in far fewer bytes than the raw files.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_bench_smoke(tmp_path):
+    out = tmp_path / "smoke.json"
+    r = subprocess.run([sys.executable, "-m", "bench", "smoke", "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    rows = {(w["workload"], w["target"]): w for w in res["models"]["smollm2"]["workloads"]}
+    assert "| W1 | kvstore serve |" in r.stdout  # the table is printed
+    for order in ("article-major", "question-major"):
+        kv = rows[(f"W2 {order} +parents", "kvstore serve")]
+        assert kv["prompt_n"] <= 1.1 * kv["ideal"], kv
+    w1 = rows[("W1", "kvstore serve")]
+    assert w1["prompt_n"] <= 1.05 * w1["ideal"], w1
+    st = res["models"]["smollm2"]["storage"]
+    assert st["raw_over_stored"] > 2.0, st
