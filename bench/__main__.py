@@ -67,7 +67,7 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
             if spec.kind == "kvstore":
                 res["store_bytes"] = target.store_bytes()
                 m = target.metrics()
-                res["saved_file_bytes"] = int(sum(v for k, v in m.items() if "ingest" in k and "bytes" in k))
+                res["saved_file_bytes"] = int(m.get("kvstore_bytes_saved_total", 0))
         finally:
             target.close()
             cleanup(wd)

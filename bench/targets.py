@@ -41,6 +41,7 @@ class Target:
         self.store = workdir / "store"
         self.log = open(workdir / f"{spec.kind}-{spec.cache_ram}.log", "ab")
         self.proc = None
+        self._carried: dict = {}
         self.start()
 
     def start(self) -> None:
@@ -77,6 +78,9 @@ class Target:
         self.proc = None
 
     def restart(self) -> None:
+        # Counters live in the process: keep what this run counted before the restart.
+        for k, v in self._live_metrics().items():
+            self._carried[k] = self._carried.get(k, 0.0) + v
         self.stop()
         self.start()
 
@@ -91,8 +95,14 @@ class Target:
         return 0
 
     def metrics(self) -> dict:
-        """kvstore's counters from /metrics (Prometheus text), as {name: value}."""
-        out = {}
+        """kvstore's counters from /metrics (Prometheus text), as {name: value}, summed over restarts."""
+        out = dict(self._carried)
+        for k, v in self._live_metrics().items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
+    def _live_metrics(self) -> dict:
+        out: dict = {}
         try:
             with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
                 for line in r.read().decode().splitlines():

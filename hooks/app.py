@@ -177,6 +177,7 @@ class Hooks:
         self.metrics.inc("save_seconds", time.perf_counter() - t0)
         self.metrics.inc("save_count")
         self.metrics.inc("bytes_ingested", int(info.get("new_stored_bytes") or 0))
+        self.metrics.inc("bytes_saved", int(info.get("file_bytes") or 0))
         info["save"] = r
         log.info("slot %d: saved %s/%s: %s tokens, %s new bytes", slot.id, namespace, name,
                  info.get("n_tokens"), info.get("new_stored_bytes"))

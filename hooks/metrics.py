@@ -18,6 +18,8 @@ _HELP = {
     "kvstore_tokens_restored_total": ("counter", "Tokens restored into slots."),
     "kvstore_prompt_tokens_evaluated_total": ("counter", "Sum of timings.prompt_n seen in replies."),
     "kvstore_bytes_ingested_total": ("counter", "New stored bytes written by ingests."),
+    "kvstore_bytes_saved_total": ("counter", "Bytes of the state files llama-server saved (what keeping one file "
+                                  "per save would cost)."),
     "kvstore_bytes_materialized_total": ("counter", "Bytes of state files written by materialize."),
     "kvstore_save_seconds_sum": ("counter", "Time spent saving + ingesting slots."),
     "kvstore_save_seconds_count": ("counter", "Number of slot saves."),
@@ -66,7 +68,7 @@ class Metrics:
             emit("kvstore_hits_total", snap["kinds"][k], f'{{kind="{k}"}}', header=i == 0)
         emit("kvstore_misses_total", snap["kinds"]["miss"])
         for key in ("restore_failures", "save_failures", "tokens_restored", "prompt_tokens_evaluated",
-                    "bytes_ingested", "bytes_materialized"):
+                    "bytes_ingested", "bytes_saved", "bytes_materialized"):
             emit(f"kvstore_{key}_total", snap.get(key, 0))
         for op in ("save", "restore"):
             emit(f"kvstore_{op}_seconds_sum", float(snap.get(f"{op}_seconds", 0.0)))

@@ -103,6 +103,21 @@ def _via_proxy(srv: LlamaServer, action: str, name: str, slot: int, namespace: s
     return out
 
 
+def _direct(srv, store: StoreLike, name: str, namespace: str, slot: int):
+    """Checks and paths shared by save and restore against a plain llama-server: (slot, store, server
+    fingerprint, sync dir, generated file name, its path). Names are validated and never become file names."""
+    validate_name(name)
+    if namespace:
+        validate_name(namespace, "namespace")
+    slot = srv.check_slot(slot)
+    st = _store(store)
+    fp = srv.fingerprint()
+    sync = config.sync_dir(Path(st.path))
+    sync.mkdir(parents=True, exist_ok=True)
+    fname = temp_state_name()
+    return slot, st, fp, sync, fname, sync / fname
+
+
 def save(name: str, slot: int, *, server: ServerLike = None, store: StoreLike = None, namespace: str = "",
          parent: Optional[str] = None) -> dict:
     """Save llama-server slot `slot` into the store as (namespace, name).
@@ -115,16 +130,7 @@ def save(name: str, slot: int, *, server: ServerLike = None, store: StoreLike = 
     srv = _server(server)
     if srv.is_kvstore():
         return _via_proxy(srv, "save", name, slot, namespace)
-    validate_name(name)
-    if namespace:
-        validate_name(namespace, "namespace")
-    slot = srv.check_slot(slot)
-    st = _store(store)
-    fp = srv.fingerprint()
-    sync = config.sync_dir(Path(st.path))
-    sync.mkdir(parents=True, exist_ok=True)
-    fname = temp_state_name()
-    path = sync / fname
+    slot, st, fp, sync, fname, path = _direct(srv, store, name, namespace, slot)
     t0 = time.perf_counter()
     try:
         try:
@@ -158,17 +164,8 @@ def restore(name: str, slot: int, *, server: ServerLike = None, store: StoreLike
     srv = _server(server)
     if srv.is_kvstore():
         return _via_proxy(srv, "restore", name, slot, namespace)
-    validate_name(name)
-    if namespace:
-        validate_name(namespace, "namespace")
-    slot = srv.check_slot(slot)
-    st = _store(store)
-    fp = srv.fingerprint()
+    slot, st, fp, sync, fname, path = _direct(srv, store, name, namespace, slot)
     n_stream = srv.n_slots()
-    sync = config.sync_dir(Path(st.path))
-    sync.mkdir(parents=True, exist_ok=True)
-    fname = temp_state_name()
-    path = sync / fname
     t0 = time.perf_counter()
     try:
         report = st.materialize(name, str(path), namespace=namespace, expect=fp, n_stream=n_stream)
