@@ -92,6 +92,9 @@ class Hooks:
         self.sync = SyncDir(sync_dir(cfg.store))
         self.table: Optional[SlotTable] = None
         self.fingerprint: dict[str, str] = {}
+        # The server's cache layout (types, flash attention, rotation), learned from its first non-empty save:
+        # /props does not tell it, and a state of another layout must be refused before llama-server sees it.
+        self.layout: Optional[str] = None
         self.n_slots = 0
         self.block_size = 64
         self._idle_task: Optional[asyncio.Task] = None
@@ -150,6 +153,11 @@ class Hooks:
                 log.error("hooks: idle save failed: %s", e)
 
     # ---- store <-> slot ------------------------------------------------------------------------------------------
+    def expect(self) -> dict[str, str]:
+        """What a state must match to go into this server: the fingerprint, plus the layout once it is known.
+        (The core keeps `layout` out of the fingerprint id, so prefix lookups are unaffected.)"""
+        return {**self.fingerprint, "layout": self.layout} if self.layout else self.fingerprint
+
     async def _save_slot(self, slot: Slot, name: Optional[str] = None, namespace: Optional[str] = None
                          ) -> Optional[dict]:
         """Save a slot into the sync dir and ingest it (under its own name, or `name`). Caller holds the slot."""
@@ -167,10 +175,15 @@ class Hooks:
                 parent = slot.parent if slot.parent != name else None
                 try:
                     info = await asyncio.to_thread(self.store.ingest, name, str(path), namespace=namespace,
-                                                   fingerprint=self.fingerprint, parent=parent, remove_file=True)
+                                                   fingerprint=self.expect(), parent=parent, remove_file=True)
                 except KeyError:  # NameNotFound: the parent is gone; keep the state anyway
                     info = await asyncio.to_thread(self.store.ingest, name, str(path), namespace=namespace,
-                                                   fingerprint=self.fingerprint, remove_file=True)
+                                                   fingerprint=self.expect(), remove_file=True)
+                if self.layout is None:
+                    stored = await asyncio.to_thread(self.store.get, name, namespace=namespace)
+                    if stored and "kv[-]" not in stored["layout"]:  # an empty slot carries no layers
+                        self.layout = stored["layout"]
+                        log.info("hooks: llama-server's cache layout is %s", self.layout)
         except Exception:
             self.metrics.inc("save_failures")
             raise
@@ -198,10 +211,10 @@ class Hooks:
             try:
                 if name is not None:
                     info = await asyncio.to_thread(self.store.materialize, name, str(path), namespace=namespace,
-                                                   expect=self.fingerprint, n_stream=self.n_slots)
+                                                   expect=self.expect(), n_stream=self.n_slots)
                 else:
                     info = await asyncio.to_thread(self.store.materialize_manifest, manifest_id, str(path),
-                                                   expect=self.fingerprint, n_stream=self.n_slots)
+                                                   expect=self.expect(), n_stream=self.n_slots)
             except NameNotFound:
                 raise NotStored(name) from None
             except (KvStoreError, OSError) as e:
@@ -469,7 +482,7 @@ class Hooks:
     async def stats(self, request: web.Request) -> web.Response:
         store = await asyncio.to_thread(self.store.stats)
         return web.json_response(_jsonable({
-            "upstream": self.up.url, "n_slots": self.n_slots, "fingerprint": self.fingerprint,
+            "upstream": self.up.url, "n_slots": self.n_slots, "fingerprint": self.expect(),
             "queue_length": self.table.queue_length, "slots": self.table.as_list(),
             "counters": self.metrics.snapshot(), "store": store}))
 

@@ -6,7 +6,7 @@ import kvstore
 from hooks_support import complete, engine, get, hooks, intro, metric, post, request, stack
 
 
-def test_bad_names_raw_slots_corrupt_object_upstream_down(tmp_path):
+def test_bad_names_raw_slots_corrupt_object_upstream_down(tmp_path, state_files, caplog):
     store = tmp_path / "store"
     srv = engine("smollm2", store)
     with stack(srv), hooks(srv.url, store) as hk:
@@ -66,6 +66,22 @@ def test_bad_names_raw_slots_corrupt_object_upstream_down(tmp_path):
         r = complete(u, intro(1) + "Hello", name="other", n_predict=2)
         assert r.kind == "restored" and r.prompt_n <= 4, (r.kind, r.prompt_n)
         assert metric(u, "kvstore_hits_total", '{kind="restored"}') >= 1
+
+        # -- a state of another cache layout (saved with flash attention off) under this server's model
+        # fingerprint: refused by the layout the hooks learned from this server's saves, before llama-server
+        # sees it (which would wipe the slot); the request is evaluated in full
+        fp = get(u, "/kvstore/stats").json["fingerprint"]
+        layout = fp.pop("layout")
+        other = kvstore.Store(str(store)).ingest("fa-off", str(state_files["smollm2_fa_off"]), fingerprint=fp)
+        assert kvstore.Store(str(store)).get("fa-off")["layout"] != layout, other
+        failures = metric(u, "kvstore_restore_failures_total")
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="kvstore.hooks"):
+            r = complete(u, intro(3), name="fa-off", n_predict=2)
+        assert r.status == 200 and r.kind == "miss" and r.prompt_n >= 60, (r.kind, r.prompt_n)
+        assert metric(u, "kvstore_restore_failures_total") == failures + 1
+        refused = [rec.getMessage() for rec in caplog.records if "restore failed" in rec.getMessage()]
+        assert refused and "materialize fa-off" in refused[-1] and "layout" in refused[-1], refused
 
         # -- upstream down: 502 with the reason
         srv.close()
