@@ -22,7 +22,13 @@ def gemma3_path() -> Path:
 
     target = cache_dir() / g.MODEL_NAME
     if not target.exists():
-        g.assemble(target)
+        # Assemble beside the target and rename, so a killed or concurrent first run never leaves a torn model.
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            g.assemble(tmp, overwrite=True)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
     return target
 
 
