@@ -1,18 +1,16 @@
 """The systems compared, each a fresh process started by the benchmark in the same run."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstore.engine import free_port
+from kvstore.engine import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,18 +52,10 @@ class Target:
             cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--store", str(self.store), *common]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.spec.name} exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"{self.spec.name} did not come up; see {self.log.name}")
+        try:
+            wait_healthy(self.url, timeout=180, alive=lambda: self.proc.poll() is None)
+        except RuntimeError as e:
+            raise RuntimeError(f"{self.spec.name}: {e}; see {self.log.name}") from None
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -11,6 +11,29 @@ from pathlib import Path
 from typing import Optional
 
 
+def wait_healthy(url: str, timeout: float = 300.0, alive=None) -> None:
+    """Poll llama-server's (or kvstore serve's) `GET /health` until it answers 200.
+
+    alive: optional callable; when it returns False (the process exited) waiting stops at once.
+    """
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if alive is not None and not alive():
+            raise RuntimeError(f"server for {url} exited before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server at {url} not ready after {timeout:.0f}s")
+        time.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -25,7 +48,7 @@ class EngineConfig:
     parallel: int = 2  # -np
     ctx_size: int = 8192  # -c (total; each slot gets ctx_size / parallel)
     slot_save_path: Optional[str] = None  # --slot-save-path (a directory)
-    port: int = 0  # 0 = pick a free one
+    port: int = 0  # 0 = the OS picks a free one
     flash_attn: str = "auto"  # -fa on|off|auto
     cache_type_k: str = "f16"  # -ctk
     cache_type_v: str = "f16"  # -ctv
@@ -74,12 +97,14 @@ class EmbeddedServer:
             Path(cfg.slot_save_path).mkdir(parents=True, exist_ok=True)
             # xllamacpp concatenates path + filename: the trailing separator is required.
             p.slot_save_path = os.path.join(os.path.abspath(cfg.slot_save_path), "")
-        self.port = cfg.port or free_port()
-        p.port = self.port
+        # Port 0: the OS picks one while llama-server binds it, so two servers started at once never race for
+        # a port that was free when probed (the real address is read back below).
+        p.port = cfg.port
         for k, v in cfg.extra.items():
             setattr(p, k, v)
         self._server = x.Server(p)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = str(self._server.listening_address).rstrip("/")
+        self.port = int(self.url.rsplit(":", 1)[1])
 
     def close(self) -> None:
         if self._server is not None:

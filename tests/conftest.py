@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,7 +24,7 @@ for p in (str(ROOT), str(TESTS)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from kvstore.engine import EmbeddedServer, EngineConfig  # noqa: E402
+from kvstore.engine import EmbeddedServer, EngineConfig, wait_healthy  # noqa: E402
 from kvstore.models import gemma3_path, smollm2_path  # noqa: E402
 
 ORACLE = Path(__file__).resolve().parents[2] / "shared" / "tools" / "parse_state.py"
@@ -66,19 +65,6 @@ def post_ok(url: str, body: dict) -> dict:
     status, doc = http(url, body)
     assert status == 200, f"POST {url} -> {status}: {doc}"
     return doc
-
-
-def wait_ready(url: str, timeout: float = 300.0) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"llama-server at {url} not ready after {timeout}s")
 
 
 def complete(url: str, prompt, slot: int, n_predict: int = 8) -> dict:
@@ -180,7 +166,7 @@ class Server:
         self.config = EngineConfig(model=str(model), slot_save_path=str(save_dir) if save_dir else None, **cfg)
         self._srv = EmbeddedServer(self.config)
         self.url = self._srv.url
-        wait_ready(self.url)
+        wait_healthy(self.url)
 
     def close(self) -> None:
         self._srv.close()

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kvstore.config import sync_dir  # noqa: E402
-from kvstore.engine import EmbeddedServer, EngineConfig  # noqa: E402
+from kvstore.engine import EmbeddedServer, EngineConfig, wait_healthy  # noqa: E402
 from kvstore.models import gemma3_path, smollm2_path  # noqa: E402
 
 MODEL_PATHS = {"smollm2": smollm2_path, "gemma3": gemma3_path}
@@ -33,7 +32,7 @@ def engine(model: str, store: Optional[Path] = None, *, parallel: int = 2, cache
     cfg = EngineConfig(model=str(MODEL_PATHS[model]()), parallel=parallel, ctx_size=ctx, cache_ram=cache_ram,
                        slot_save_path=str(sync_dir(store)) if store is not None else None, threads=THREADS)
     srv = EmbeddedServer(cfg)
-    wait_ready(srv.url)
+    wait_healthy(srv.url)
     return srv
 
 
@@ -88,20 +87,6 @@ def post(base: str, path: str, body: Any = None, headers: Optional[dict] = None)
 
 def get(base: str, path: str, headers: Optional[dict] = None) -> Reply:
     return request(base + path, "GET", None, headers)
-
-
-def wait_ready(url: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            r = get(url, "/health")
-            if r.status == 200:
-                return
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} not ready")
-        time.sleep(0.1)
 
 
 def complete(base: str, prompt: Any, *, name: Optional[str] = None, parent: Optional[str] = None,

@@ -24,9 +24,7 @@ with m in {smollm2, gemma3}. The gemma3 parent/child files carry SCKP checkpoint
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -35,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kvstore.engine import EmbeddedServer, EngineConfig  # noqa: E402
+from kvstore.engine import EmbeddedServer, EngineConfig, wait_healthy  # noqa: E402
 from kvstore.models import gemma3_path, smollm2_path  # noqa: E402
 
 SHORT = "The quick brown fox jumps over the lazy dog. Write one more sentence about the fox:"
@@ -72,20 +70,6 @@ def _post(url: str, body: dict, timeout: float = 600.0) -> dict:
         raise RuntimeError(f"POST {url} -> {e.code}: {e.read()[:500]!r}") from None
 
 
-def _wait_ready(url: str, timeout: float = 300.0) -> None:
-    t0 = time.time()
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except Exception:
-            pass
-        if time.time() - t0 > timeout:
-            raise RuntimeError(f"server at {url} not ready after {timeout}s")
-        time.sleep(0.2)
-
-
 def _complete(url: str, prompt: str, slot: int, n_predict: int = 4) -> dict:
     return _post(url + "/completion", {"prompt": prompt, "id_slot": slot, "cache_prompt": True,
                                        "n_predict": n_predict, "temperature": 0.0, "seed": 1})
@@ -104,7 +88,7 @@ class _Server:
         cfg = EngineConfig(model=str(model), slot_save_path=str(out), cache_ram=0, threads=2,
                            ubatch_size=256, **kw)
         self.srv = EmbeddedServer(cfg)
-        _wait_ready(self.srv.url)
+        wait_healthy(self.srv.url)
         self.url = self.srv.url
 
     def __enter__(self):
