@@ -13,7 +13,7 @@ use heed::types::Bytes;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::objects::ObjectId;
+use crate::id::ObjectId;
 use crate::store::{HeedExt, Store};
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -150,8 +150,7 @@ pub fn gc(store: &Store, grace: Duration, dry_run: bool) -> Result<GcReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::tests::TempDir;
-    use crate::store::tests::{fp, open, put_synthetic};
+    use crate::testutil::{fp, open, put_synthetic, TempDir};
     use crate::store::Target;
 
     #[test]
@@ -181,13 +180,13 @@ mod tests {
         let dry = gc(&s, Duration::ZERO, true).unwrap();
         assert_eq!(dry.dead_objects, 2);
         assert!(dry.freed_bytes > 0);
-        assert!(s.objects().exists(&ObjectId::from_hex(&pr.manifest_id).unwrap()).unwrap());
+        assert!(s.objects().exists(&pr.manifest_id.parse::<ObjectId>().unwrap()).unwrap());
 
         let r = gc(&s, Duration::ZERO, false).unwrap();
         assert_eq!(r.dead_objects, 2);
         assert_eq!(r.freed_bytes, dry.freed_bytes);
         assert_eq!(r.live_objects, 8);
-        assert!(!s.objects().exists(&ObjectId::from_hex(&pr.manifest_id).unwrap()).unwrap());
+        assert!(!s.objects().exists(&pr.manifest_id.parse::<ObjectId>().unwrap()).unwrap());
         // The child (sharing every parent block) is intact; the index lost the dead rows.
         s.load(&Target::Name { namespace: "", name: "child" }, None).unwrap();
         let st = s.stats().unwrap();
@@ -214,7 +213,7 @@ mod tests {
         let d = TempDir::new("gc-broken");
         let s = open(&d, 16);
         let r = put_synthetic(&s, "a", "", &(0..32).collect::<Vec<_>>(), &fp(&[]));
-        let id = ObjectId::from_hex(&r.manifest_id).unwrap();
+        let id = r.manifest_id.parse::<ObjectId>().unwrap();
         let ix = s.index();
         let mut w = ix.write_txn().unwrap();
         ix.manifests.delete(&mut w, &id).unwrap();

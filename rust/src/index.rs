@@ -11,7 +11,7 @@ use heed::types::{Bytes, SerdeJson, Str, U32};
 use heed::{BoxedError, BytesDecode, BytesEncode, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 use serde::{Deserialize, Serialize};
 
-use crate::objects::ObjectId;
+use crate::id::ObjectId;
 
 pub const SCHEMA_VERSION: &str = "1";
 pub const MAX_NAME_BYTES: usize = 200;
@@ -51,8 +51,8 @@ pub enum IndexError {
 /// A `names` row value.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct NameRecord {
-    /// Manifest id, hex.
-    pub manifest: String,
+    /// Manifest id (hex in JSON).
+    pub manifest: ObjectId,
     /// Unix seconds when this state was stored under the name.
     pub created: f64,
     /// Unix seconds of the last `touch` (or of the ingest).
@@ -278,7 +278,7 @@ pub fn validate_name(s: &str, what: &'static str) -> Result<(), IndexError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::tests::TempDir;
+    use crate::testutil::TempDir;
 
     #[test]
     fn name_rules() {
@@ -321,13 +321,13 @@ mod tests {
         let id = ObjectId::of(b"m");
         let mut w = a.write_txn().unwrap();
         a.names
-            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id.hex(), created: 1.0, last_used: 2.0 })
+            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id, created: 1.0, last_used: 2.0 })
             .unwrap();
         a.prefixes.put(&mut w, &([7u8; 32], id), &128).unwrap();
         a.objects.put(&mut w, &id, &ObjectRow { raw_len: 5, stored_len: 3 }).unwrap();
         w.commit().unwrap();
         let r = b.read_txn().unwrap();
-        assert_eq!(b.names.get(&r, &("ns", "n")).unwrap().unwrap().manifest, id.hex());
+        assert_eq!(b.names.get(&r, &("ns", "n")).unwrap().unwrap().manifest, id);
         assert_eq!(b.objects.get(&r, &id).unwrap(), Some(ObjectRow { raw_len: 5, stored_len: 3 }));
         let hits: Vec<_> = b
             .prefixes

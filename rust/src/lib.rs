@@ -3,10 +3,14 @@
 pub mod error;
 pub mod format;
 pub mod gc;
+pub mod id;
 pub mod index;
 pub mod manifest;
 pub mod objects;
 pub mod store;
+
+#[cfg(test)]
+mod testutil;
 
 #[cfg(feature = "python")]
 pub mod py;

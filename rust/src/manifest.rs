@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::objects::{hex, ObjectId};
+use crate::id::{hex, ObjectId};
 
 pub const MANIFEST_VERSION: u32 = 1;
 /// Domain separator of the prefix-key chain (docs/design.md "Prefix keys").
@@ -40,13 +40,13 @@ pub struct Manifest {
     pub file_bytes: u64,
     /// Hex blake3 of the original slot file.
     pub file_hash: String,
-    /// Skeleton object id, hex.
-    pub skeleton: String,
-    /// Block object ids, hex, in the order the skeleton references them (repeats allowed).
-    pub blocks: Vec<String>,
+    /// Skeleton object id (hex in JSON).
+    pub skeleton: ObjectId,
+    /// Block object ids (hex in JSON), in the order the skeleton references them (repeats allowed).
+    pub blocks: Vec<ObjectId>,
     pub block_size: u32,
-    /// Parent manifest id, hex.
-    pub parent: Option<String>,
+    /// Parent manifest id (hex in JSON).
+    pub parent: Option<ObjectId>,
     /// Unix seconds.
     pub created: u64,
     /// `n_stream` of the saved file (addition to design.md: decides whether a re-emit is byte-exact).
@@ -66,27 +66,14 @@ impl Manifest {
         }
         Ok(m)
     }
-    pub fn skeleton_id(&self, id: ObjectId) -> Result<ObjectId, ManifestError> {
-        parse_id(id, &self.skeleton)
-    }
-    pub fn block_ids(&self, id: ObjectId) -> Result<Vec<ObjectId>, ManifestError> {
-        self.blocks.iter().map(|h| parse_id(id, h)).collect()
-    }
-    pub fn parent_id(&self) -> Option<ObjectId> {
-        self.parent.as_deref().and_then(ObjectId::from_hex)
-    }
     /// Skeleton and distinct blocks: every object this manifest needs besides itself.
-    pub fn referenced(&self, id: ObjectId) -> Result<Vec<ObjectId>, ManifestError> {
-        let mut v = self.block_ids(id)?;
-        v.push(self.skeleton_id(id)?);
+    pub fn referenced(&self) -> Vec<ObjectId> {
+        let mut v = self.blocks.clone();
+        v.push(self.skeleton);
         v.sort_unstable();
         v.dedup();
-        Ok(v)
+        v
     }
-}
-
-fn parse_id(manifest: ObjectId, h: &str) -> Result<ObjectId, ManifestError> {
-    ObjectId::from_hex(h).ok_or_else(|| ManifestError::Invalid { id: manifest, detail: format!("bad object id {h:?}") })
 }
 
 pub fn now_secs() -> u64 {
@@ -198,8 +185,8 @@ mod tests {
             tokens: (0..n_tokens as i32).collect(),
             file_bytes: 10,
             file_hash: "00".repeat(32),
-            skeleton: "11".repeat(32),
-            blocks: vec!["22".repeat(32)],
+            skeleton: ObjectId([0x11; 32]),
+            blocks: vec![ObjectId([0x22; 32])],
             block_size: 64,
             parent: None,
             created: 1,
@@ -259,6 +246,16 @@ mod tests {
             h1.update(&x.to_le_bytes());
         }
         assert_eq!(a[0], *h1.finalize().as_bytes());
+    }
+
+    #[test]
+    fn manifest_ids_are_hex_in_json_and_checked() {
+        let m = manifest(3, fp(&[]));
+        let s = String::from_utf8(m.to_json()).unwrap();
+        assert!(s.contains(&format!(r#""skeleton":"{}","blocks":["{}"]"#, "11".repeat(32), "22".repeat(32))), "{s}");
+        let bad = s.replace(&"22".repeat(32), "zz");
+        let e = Manifest::from_json(ObjectId::of(b"x"), bad.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("not a manifest") && e.contains("not an object id"), "{e}");
     }
 
     #[test]

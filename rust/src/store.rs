@@ -6,7 +6,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,12 +17,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::{self, Decomposed, EmitOptions};
-use crate::index::{validate_name, Index, IndexError, NameKeyCodec, NameRecord, ObjectRow};
+use crate::index::{validate_name, Index, NameKeyCodec, NameRecord, ObjectRow};
 use crate::manifest::{
     check_expect, common_prefix, fingerprint_id, now_f64, now_secs, prefix_chain, Fingerprint, Manifest,
     MANIFEST_VERSION,
 };
-use crate::objects::{fsync_dir, random_suffix, ObjectError, ObjectId, ObjectStore, Put};
+use crate::id::ObjectId;
+use crate::objects::atomic::{atomic_write, random_suffix};
+use crate::objects::{ObjectError, ObjectStore, Put};
 
 pub const BLOCK_SIZE_DEFAULT: u32 = 32;
 pub const LEVEL_DEFAULT: i32 = 1;
@@ -286,16 +287,16 @@ impl Store {
         let manifest = Manifest {
             version: MANIFEST_VERSION,
             fingerprint: fingerprint.clone(),
-            fingerprint_id: crate::objects::hex(&fid),
+            fingerprint_id: crate::id::hex(&fid),
             layout: d.layout.clone(),
             n_tokens: d.tokens.len() as u64,
             tokens: d.tokens.clone(),
             file_bytes,
-            file_hash: crate::objects::hex(&file_hash),
-            skeleton: skeleton_id.hex(),
-            blocks: ids.iter().map(ObjectId::hex).collect(),
+            file_hash: crate::id::hex(&file_hash),
+            skeleton: skeleton_id,
+            blocks: ids.clone(),
             block_size: self.block_size,
-            parent: parent_manifest.map(|p| p.hex()),
+            parent: parent_manifest,
             created: now_secs(),
             n_stream: d.n_stream,
         };
@@ -344,7 +345,7 @@ impl Store {
         let mut w = ix.write_txn()?;
         ix.manifests.put(&mut w, &mid, &json).ix(ix)?;
         ix.names
-            .put(&mut w, &(namespace, name), &NameRecord { manifest: mid.hex(), created: now, last_used: now })
+            .put(&mut w, &(namespace, name), &NameRecord { manifest: mid, created: now, last_used: now })
             .ix(ix)?;
         for (k, h) in chain.iter().enumerate() {
             let covered = ((k as u64 + 1) * self.block_size as u64).min(u32::MAX as u64) as u32;
@@ -367,7 +368,7 @@ impl Store {
             new_raw_bytes: new_raw,
             new_stored_bytes: new_stored,
             reused_bytes: reused,
-            parent_manifest: manifest.parent.clone(),
+            parent_manifest: manifest.parent.map(|p| p.hex()),
             elapsed_s: t0.elapsed().as_secs_f64(),
         })
     }
@@ -379,10 +380,10 @@ impl Store {
         let r = ix.read_txn()?;
         if validate_name(parent, "name").is_ok() {
             if let Some(rec) = ix.names.get(&r, &(namespace, parent)).ix(ix)? {
-                return Ok(ObjectId::from_hex(&rec.manifest));
+                return Ok(Some(rec.manifest));
             }
         }
-        if let Some(id) = ObjectId::from_hex(parent) {
+        if let Ok(id) = parent.parse::<ObjectId>() {
             if ix.manifests.get(&r, &id).ix(ix)?.is_some() {
                 return Ok(Some(id));
             }
@@ -409,13 +410,7 @@ impl Store {
     fn name_record(&self, r: &heed::RoTxn, namespace: &str, name: &str) -> Result<Option<(NameRecord, ObjectId)>> {
         let ix = &*self.index;
         let Some(rec) = ix.names.get(r, &(namespace, name)).ix(ix)? else { return Ok(None) };
-        let id = ObjectId::from_hex(&rec.manifest).ok_or_else(|| {
-            Error::Index(IndexError::Corrupt {
-                table: crate::index::db_name::NAMES,
-                key: format!("{namespace}/{name}"),
-                detail: format!("bad manifest id {:?}", rec.manifest),
-            })
-        })?;
+        let id = rec.manifest;
         Ok(Some((rec, id)))
     }
 
@@ -429,7 +424,7 @@ impl Store {
                     .ok_or_else(|| Error::NameNotFound { namespace: namespace.into(), name: name.into() })?
                     .1
             }
-            Target::Manifest(h) => ObjectId::from_hex(h).ok_or_else(|| Error::ManifestNotFound { id: h.into() })?,
+            Target::Manifest(h) => h.parse().map_err(|_| Error::ManifestNotFound { id: h.into() })?,
         };
         let m = self.read_manifest(&r, id)?;
         Ok((id, m))
@@ -441,8 +436,8 @@ impl Store {
         if let Some(expect) = expect {
             check_expect(&label(target), &manifest, expect)?;
         }
-        let skeleton_id = manifest.skeleton_id(mid)?;
-        let mut want = manifest.block_ids(mid)?;
+        let skeleton_id = manifest.skeleton;
+        let mut want = manifest.blocks.clone();
         want.push(skeleton_id);
         let mut seen = HashSet::new();
         want.retain(|id| seen.insert(*id));
@@ -496,8 +491,7 @@ impl Store {
         let loaded = self.load(target, expect)?;
         let m = &loaded.manifest;
         let exact = n_stream.is_none() || n_stream == Some(m.n_stream);
-        let ids = m.block_ids(loaded.manifest_id)?;
-        let refs: Vec<&[u8]> = ids.iter().map(|id| loaded.blocks[id].as_slice()).collect();
+        let refs: Vec<&[u8]> = m.blocks.iter().map(|id| loaded.blocks[id].as_slice()).collect();
         let opts = EmitOptions { n_stream: if exact { None } else { n_stream } };
         let file = format::recompose(&loaded.skeleton, &refs, &opts)?;
         Ok((loaded, file, exact))
@@ -515,29 +509,8 @@ impl Store {
     ) -> Result<MaterializeReport> {
         let t0 = Instant::now();
         let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream)?;
-        let dir = out_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(".{}.tmp", random_suffix()));
-        let write = || -> Result<()> {
-            let mut f = File::options().write(true).create_new(true).open(&tmp).map_err(|e| ObjectError::io(&tmp, e))?;
-            f.write_all(&file).map_err(|e| ObjectError::io(&tmp, e))?;
-            if durable {
-                f.sync_all().map_err(|e| ObjectError::io(&tmp, e))?;
-            }
-            Ok(())
-        };
         let check = || if exact { check_file_hash(target, &loaded, &file) } else { Ok(()) };
-        let (w, c) = rayon::join(write, check);
-        let result = w.and(c).and_then(|()| {
-            std::fs::rename(&tmp, out_path).map_err(|e| ObjectError::io(out_path, e))?;
-            if durable {
-                fsync_dir(dir).map_err(|e| ObjectError::io(dir, e))?;
-            }
-            Ok(())
-        });
-        if let Err(e) = result {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+        atomic_write(out_path, &format!(".{}.tmp", random_suffix()), &file, durable, check)?;
         Ok(MaterializeReport {
             manifest_id: loaded.manifest_id.hex(),
             n_tokens: loaded.manifest.n_tokens,
@@ -560,7 +533,7 @@ impl Store {
         for kv in ix.names.remap_key_type::<Bytes>().prefix_iter(r, &prefix[..]).ix(ix)? {
             let (k, rec) = kv.ix(ix)?;
             let Ok((_, name)) = NameKeyCodec::bytes_decode(k) else { continue };
-            let Some(id) = ObjectId::from_hex(&rec.manifest) else { continue };
+            let id = rec.manifest;
             let e = out.entry(id).or_insert_with(|| (name.to_string(), f64::MIN));
             if rec.last_used > e.1 {
                 *e = (name.to_string(), rec.last_used);
@@ -622,18 +595,18 @@ impl Store {
     // ---------------------------------------------------------------- names
 
     fn info(&self, r: &heed::RoTxn, namespace: &str, name: &str, rec: NameRecord) -> Result<StateInfo> {
-        let id = ObjectId::from_hex(&rec.manifest).ok_or_else(|| Error::ManifestNotFound { id: rec.manifest.clone() })?;
+        let id = rec.manifest;
         let m = self.read_manifest(r, id)?;
         Ok(StateInfo {
             name: name.into(),
             namespace: namespace.into(),
-            manifest_id: rec.manifest,
+            manifest_id: rec.manifest.hex(),
             n_tokens: m.n_tokens,
             file_bytes: m.file_bytes,
             file_hash: m.file_hash,
             fingerprint: m.fingerprint,
             layout: m.layout,
-            parent: m.parent,
+            parent: m.parent.map(|p| p.hex()),
             created: rec.created,
             last_used: rec.last_used,
         })
@@ -721,7 +694,7 @@ impl Store {
         for kv in ix.names.iter(&r).ix(ix)? {
             let (_, rec) = kv.ix(ix)?;
             names += 1;
-            let Some(id) = ObjectId::from_hex(&rec.manifest) else { continue };
+            let id = rec.manifest;
             if let Some(&n) = sizes.get(&id) {
                 logical += n;
                 continue;
@@ -763,12 +736,12 @@ impl Store {
         let mut bad = Vec::new();
         for kv in ix.names.iter(r).ix(ix)? {
             let (k, rec) = kv.ix(ix)?;
-            let Some(id) = ObjectId::from_hex(&rec.manifest) else { continue };
+            let id = rec.manifest;
             names.push((NameRef { namespace: k.0.into(), name: k.1.into() }, id));
             if manifests.contains_key(&id) {
                 continue;
             }
-            let refs = match self.read_manifest(r, id).and_then(|m| Ok(m.referenced(id)?)) {
+            let refs = match self.read_manifest(r, id).map(|m| m.referenced()) {
                 Ok(refs) => refs,
                 Err(e) if matches!(e, Error::ManifestNotFound { .. }) || e.kind() == crate::error::ErrorKind::Corrupt => {
                     bad.push(id);
@@ -849,7 +822,7 @@ pub(crate) type LiveSet = (Vec<(NameRef, ObjectId)>, HashMap<ObjectId, Vec<Objec
 /// A byte-exact rebuild must match the manifest's length and file hash.
 fn check_file_hash(target: &Target, loaded: &Loaded, file: &[u8]) -> Result<()> {
     let m = &loaded.manifest;
-    let ok = file.len() as u64 == m.file_bytes && crate::objects::hex(blake3::hash(file).as_bytes()) == m.file_hash;
+    let ok = file.len() as u64 == m.file_bytes && crate::id::hex(blake3::hash(file).as_bytes()) == m.file_hash;
     if ok {
         return Ok(());
     }
@@ -868,7 +841,7 @@ fn row(raw_len: usize, p: &Put) -> ObjectRow {
 pub(crate) mod tests {
     use super::*;
     use crate::format::Block;
-    use crate::objects::tests::TempDir;
+    use crate::testutil::TempDir;
 
     pub fn fp(kv: &[(&str, &str)]) -> Fingerprint {
         kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -1010,11 +983,11 @@ pub(crate) mod tests {
         assert!(calls >= 2);
 
         let r_txn = s.index.read_txn().unwrap();
-        let m = s.read_manifest(&r_txn, ObjectId::from_hex(&r.manifest_id).unwrap()).unwrap();
+        let m = s.read_manifest(&r_txn, r.manifest_id.parse::<ObjectId>().unwrap()).unwrap();
         drop(r_txn);
         let local = crate::objects::LocalDir::new(d.0.join("objects")).unwrap();
-        let b0 = ObjectId::from_hex(&m.blocks[0]).unwrap();
-        let b1 = ObjectId::from_hex(&m.blocks[1]).unwrap();
+        let b0 = m.blocks[0];
+        let b1 = m.blocks[1];
         std::fs::write(local.path_of(&b0), b"garbage").unwrap();
         std::fs::remove_file(local.path_of(&b1)).unwrap();
         let rep = s.verify(&mut |_, _| Ok(())).unwrap();
