@@ -16,6 +16,15 @@ pub const LAYOUT: &str = "layout";
 
 pub type Fingerprint = BTreeMap<String, String>;
 
+/// Layout entry of a KV section with no cells (format/layout.rs).
+const EMPTY_SECTION: &str = "kv[-]";
+
+/// Whether a layout is that of an empty slot: it carries no layers, so it matches any server and tells
+/// nothing about one (never compare it, never learn it).
+pub fn layout_is_empty(layout: &str) -> bool {
+    layout.contains(EMPTY_SECTION)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("state '{state}' was saved with {key}={stored}, this server has {key}={server}; restore it into a matching server, or evaluate the prompt again")]
@@ -203,6 +212,12 @@ mod tests {
         assert_eq!(canonical_json(&b), r#"{"flash_attn":"on","model":"abc"}"#);
         // Pinned: changing the canonical form breaks every stored prefix key.
         assert_eq!(fingerprint_id_hex(&Fingerprint::new()), hex(blake3::hash(b"{}").as_bytes()));
+    }
+
+    #[test]
+    fn empty_layouts() {
+        assert!(layout_is_empty("kv[-]") && layout_is_empty("kv[-]+kv[-]"));
+        assert!(!layout_is_empty("kv[1:f16/64,f16/64;vt0;rot0,0]"));
     }
 
     #[test]

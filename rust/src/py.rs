@@ -14,7 +14,7 @@ use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::error::{Error, ErrorKind};
 use crate::manifest::Fingerprint;
-use crate::store::{Store, Target, BLOCK_SIZE_DEFAULT};
+use crate::store::{Store, Target, DEFAULT_BLOCK_SIZE};
 
 const MODULE: &str = "kvstore._core";
 
@@ -209,7 +209,7 @@ struct Inspect {
 fn inspect_state<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
     let r = py.detach(|| -> Result<Inspect, Error> {
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let d = crate::format::decompose(&bytes, BLOCK_SIZE_DEFAULT)?;
+        let d = crate::format::decompose(&bytes, DEFAULT_BLOCK_SIZE)?;
         Ok(Inspect {
             file_bytes: bytes.len() as u64,
             n_tokens: d.tokens.len(),
@@ -232,7 +232,7 @@ struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (path, *, block_size = BLOCK_SIZE_DEFAULT, level = 1, map_size_mib = 65536))]
+    #[pyo3(signature = (path, *, block_size = DEFAULT_BLOCK_SIZE, level = 1, map_size_mib = 65536))]
     fn new(py: Python<'_>, path: PathBuf, block_size: u32, level: i32, map_size_mib: u64) -> PyResult<Self> {
         let map_size = usize::try_from(map_size_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         let inner = py.detach(|| Store::open(&path, block_size, level, map_size))?;
@@ -420,7 +420,7 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(ty.name()?, ty)?;
     }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("BLOCK_SIZE_DEFAULT", BLOCK_SIZE_DEFAULT)?;
+    m.add("BLOCK_SIZE_DEFAULT", DEFAULT_BLOCK_SIZE)?;
     m.add_class::<PyStore>()?;
     m.add_function(wrap_pyfunction!(validate_name, m)?)?;
     m.add_function(wrap_pyfunction!(hash_file, m)?)?;

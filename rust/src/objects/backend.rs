@@ -87,8 +87,10 @@ pub trait Backend: Send + Sync {
     fn mtime(&self, id: &ObjectId) -> Result<Option<(SystemTime, u64)>, ObjectError>;
     /// Set the modification time to now if the object exists; returns its stored length.
     fn touch(&self, id: &ObjectId) -> Result<Option<u64>, ObjectError>;
-    /// Remove leftover temporary files older than `grace` (count them only if `dry_run`).
-    fn clean_temp(&self, grace: Duration, dry_run: bool) -> Result<usize, ObjectError>;
+    /// Leftover temporary files older than `grace` (an interrupted put's).
+    fn stale_temp(&self, grace: Duration) -> Result<usize, ObjectError>;
+    /// Remove leftover temporary files older than `grace`; returns how many.
+    fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError>;
     /// Move a corrupt object aside (kept for inspection), so that the next put of the same content rewrites it.
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError>;
 }

@@ -27,6 +27,32 @@ impl LocalDir {
         let h = id.hex();
         self.root.join(&h[..2]).join(h)
     }
+    /// Call `f` on each temp file older than `grace` (in the shards and the root); count those it accepts.
+    fn each_stale_temp(
+        &self,
+        grace: Duration,
+        f: &mut dyn FnMut(&Path) -> Result<bool, ObjectError>,
+    ) -> Result<usize, ObjectError> {
+        let cutoff = SystemTime::now().checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut n = 0;
+        let mut dirs = self.shards()?;
+        dirs.push(self.root.clone());
+        for dir in dirs {
+            let rd = fs::read_dir(&dir).map_err(|e| ObjectError::io(&dir, e))?;
+            for ent in rd {
+                let ent = ent.map_err(|e| ObjectError::io(&dir, e))?;
+                if !ent.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+                    continue;
+                }
+                let Ok(m) = ent.metadata() else { continue };
+                if m.is_file() && m.modified().map(|t| t < cutoff).unwrap_or(false) && f(&ent.path())? {
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// The shard directories of `targets`, each new one made durable in the root.
     fn make_shards(&self, targets: &[PathBuf]) -> Result<(), ObjectError> {
         let mut made = false;
@@ -173,32 +199,16 @@ impl Backend for LocalDir {
         Ok(Some(m.len()))
     }
 
-    fn clean_temp(&self, grace: Duration, dry_run: bool) -> Result<usize, ObjectError> {
-        let cutoff = SystemTime::now().checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
-        let mut n = 0;
-        let mut dirs = self.shards()?;
-        dirs.push(self.root.clone());
-        for dir in dirs {
-            let rd = fs::read_dir(&dir).map_err(|e| ObjectError::io(&dir, e))?;
-            for ent in rd {
-                let ent = ent.map_err(|e| ObjectError::io(&dir, e))?;
-                if !ent.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
-                    continue;
-                }
-                let Ok(m) = ent.metadata() else { continue };
-                if m.is_file() && m.modified().map(|t| t < cutoff).unwrap_or(false) {
-                    if !dry_run {
-                        match fs::remove_file(ent.path()) {
-                            Ok(()) => {}
-                            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                            Err(e) => return Err(ObjectError::io(ent.path(), e)),
-                        }
-                    }
-                    n += 1;
-                }
-            }
-        }
-        Ok(n)
+    fn stale_temp(&self, grace: Duration) -> Result<usize, ObjectError> {
+        self.each_stale_temp(grace, &mut |_| Ok(true))
+    }
+
+    fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError> {
+        self.each_stale_temp(grace, &mut |p| match fs::remove_file(p) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(ObjectError::io(p, e)),
+        })
     }
 }
 
@@ -226,9 +236,10 @@ mod tests {
         let local = LocalDir::new(&d.0).unwrap();
         fs::create_dir_all(d.0.join("ab")).unwrap();
         fs::write(d.0.join("ab").join(".tmp-x"), b"x").unwrap();
-        assert_eq!(local.clean_temp(Duration::from_secs(3600), false).unwrap(), 0);
-        assert_eq!(local.clean_temp(Duration::ZERO, true).unwrap(), 1);
-        assert_eq!(local.clean_temp(Duration::ZERO, false).unwrap(), 1);
+        assert_eq!(local.clean_temp(Duration::from_secs(3600)).unwrap(), 0);
+        assert_eq!(local.stale_temp(Duration::ZERO).unwrap(), 1);
+        assert!(d.0.join("ab").join(".tmp-x").exists());
+        assert_eq!(local.clean_temp(Duration::ZERO).unwrap(), 1);
         assert!(!d.0.join("ab").join(".tmp-x").exists());
     }
 }
