@@ -17,10 +17,11 @@ use crate::format::{self, Decomposed};
 use crate::id::{hex, ObjectId};
 use crate::index::{validate_name, HeedExt, NameRecord, ObjectRow};
 use crate::manifest::{
-    fingerprint_id, layout_is_empty, now_f64, now_secs, prefix_chain, Fingerprint, Manifest, ManifestError, LAYOUT,
+    fingerprint_id, layout_is_empty, now_f64, now_secs, Fingerprint, Manifest, ManifestError, LAYOUT,
     MANIFEST_VERSION,
 };
 use crate::objects::Put;
+use crate::prefix::prefix_chain;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct IngestReport {

@@ -13,7 +13,8 @@ use super::Store;
 use crate::error::{Error, Result};
 use crate::id::ObjectId;
 use crate::index::validate_name;
-use crate::manifest::{common_prefix, fingerprint_id, prefix_chain, Fingerprint};
+use crate::manifest::{fingerprint_id, Fingerprint};
+use crate::prefix::{common_prefix, prefix_chain};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct LookupHit {
