@@ -96,7 +96,7 @@ class Hooks:
         # /props does not tell it, and a state of another layout must be refused before llama-server sees it.
         self.layout: Optional[str] = None
         self.n_slots = 0
-        self.block_size = 64
+        self.block_size = 0  # the store's, once it is open
         self._idle_task: Optional[asyncio.Task] = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class Hooks:
             from kvstore._core import Store
 
             self.store = await asyncio.to_thread(Store, str(self.cfg.store))
-            self.block_size = int(getattr(self.store, "block_size", 64))
+            self.block_size = int(self.store.block_size)
             self.sync.clean_stale()
             self.table = SlotTable(self.n_slots, save=self._save_slot, max_queue=self.cfg.max_queue)
             if self.cfg.idle_save > 0:
