@@ -4,7 +4,7 @@ Each maps to one HTTP status in `middleware.py`; the store's exceptions (`kvstor
 """
 from __future__ import annotations
 
-from .slots import QueueFull  # noqa: F401 - re-exported: every slot is busy and the wait queue is full (503)
+from .slot import QueueFull  # noqa: F401 - re-exported: every slot is busy and the wait queue is full (503)
 
 
 class BadRequest(Exception):

@@ -17,9 +17,9 @@ class AsyncStore:
 
     @classmethod
     async def open(cls, path: str) -> "AsyncStore":
-        from kvstore.api import open_store
+        from kvstore.api import Store
 
-        return cls(await asyncio.to_thread(open_store, path))
+        return cls(await asyncio.to_thread(Store, path))
 
     @property
     def block_size(self) -> int:
