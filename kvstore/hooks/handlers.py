@@ -52,9 +52,10 @@ class Handlers:
             finally:
                 if seen.started:
                     h.table.evaluated(slot, tokens_fn.value or [])
-            timings = seen.timings()
-            if timings and isinstance(timings.get("prompt_n"), (int, float)):
-                h.metrics.inc("prompt_tokens_evaluated", int(timings["prompt_n"]))
+                    # Counted even when the client hung up after the last chunk (write_eof then fails).
+                    timings = seen.timings()
+                    if timings and isinstance(timings.get("prompt_n"), (int, float)):
+                        h.metrics.inc("prompt_tokens_evaluated", int(timings["prompt_n"]))
             return resp
 
     async def prime(self, request: web.Request) -> web.Response:

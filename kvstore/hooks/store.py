@@ -13,7 +13,7 @@ class AsyncStore:
     """`await AsyncStore.open(path)`; the same methods as `kvstore.Store`, awaitable."""
 
     def __init__(self, store: Any):
-        self.sync = store
+        self.core = store
 
     @classmethod
     async def open(cls, path: str) -> "AsyncStore":
@@ -23,36 +23,36 @@ class AsyncStore:
 
     @property
     def block_size(self) -> int:
-        return int(self.sync.block_size)
+        return int(self.core.block_size)
 
     async def ingest(self, name: str, path: str, *, namespace: str, fingerprint: Mapping[str, str],
                      parent: Optional[str] = None) -> dict:
         """Store the file (removed once stored) under (namespace, name)."""
-        return await asyncio.to_thread(self.sync.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
+        return await asyncio.to_thread(self.core.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
                                        parent=parent, remove_file=True)
 
     async def materialize(self, name: str, path: str, *, namespace: str, expect: Mapping[str, str],
                           n_stream: int) -> dict:
-        return await asyncio.to_thread(self.sync.materialize, name, path, namespace=namespace, expect=expect,
+        return await asyncio.to_thread(self.core.materialize, name, path, namespace=namespace, expect=expect,
                                        n_stream=n_stream)
 
     async def materialize_manifest(self, manifest_id: str, path: str, *, expect: Mapping[str, str],
                                    n_stream: int) -> dict:
-        return await asyncio.to_thread(self.sync.materialize_manifest, manifest_id, path, expect=expect,
+        return await asyncio.to_thread(self.core.materialize_manifest, manifest_id, path, expect=expect,
                                        n_stream=n_stream)
 
     async def lookup(self, tokens: Sequence[int], *, namespace: str, fingerprint: Mapping[str, str]
                      ) -> Optional[dict]:
-        return await asyncio.to_thread(self.sync.lookup, tokens, namespace=namespace, fingerprint=fingerprint)
+        return await asyncio.to_thread(self.core.lookup, tokens, namespace=namespace, fingerprint=fingerprint)
 
     async def get(self, name: str, *, namespace: str) -> Optional[dict]:
-        return await asyncio.to_thread(self.sync.get, name, namespace=namespace)
+        return await asyncio.to_thread(self.core.get, name, namespace=namespace)
 
     async def list(self, *, namespace: Optional[str]) -> list:
-        return await asyncio.to_thread(self.sync.list, namespace=namespace)
+        return await asyncio.to_thread(self.core.list, namespace=namespace)
 
     async def remove(self, name: str, *, namespace: str) -> bool:
-        return await asyncio.to_thread(self.sync.remove, name, namespace=namespace)
+        return await asyncio.to_thread(self.core.remove, name, namespace=namespace)
 
     async def stats(self) -> dict:
-        return await asyncio.to_thread(self.sync.stats)
+        return await asyncio.to_thread(self.core.stats)
