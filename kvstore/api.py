@@ -18,25 +18,10 @@ from typing import Any, Optional, Union
 
 from kvstore import config
 from kvstore.config import temp_state_name
-from kvstore.errors import CORE_IMPORT_ERROR, ServerError
+from kvstore.errors import ServerError
 from kvstore.server import LlamaServer
 
-if CORE_IMPORT_ERROR is None:
-    from kvstore._core import Store, hash_file, inspect_state, validate_name
-else:
-    _HINT = ("kvstore's compiled core (kvstore._core) is not available: build it with "
-             "`maturin develop --release` (or pip install the kvstore wheel)")
-
-    class Store:  # type: ignore[no-redef]
-        """Stand-in for the compiled `kvstore._core.Store` when the core is not built."""
-
-        def __init__(self, *args, **kwargs):
-            raise ImportError(f"{_HINT} ({CORE_IMPORT_ERROR})")
-
-    def _missing(*args, **kwargs):
-        raise ImportError(f"{_HINT} ({CORE_IMPORT_ERROR})")
-
-    hash_file = inspect_state = validate_name = _missing  # type: ignore[assignment]
+from kvstore._core import Store, hash_file, inspect_state, validate_name
 
 StoreLike = Union["Store", str, os.PathLike, None]
 ServerLike = Union[LlamaServer, str, None]

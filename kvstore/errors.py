@@ -19,9 +19,6 @@ from kvstore._core import (
     StoreFull,
 )
 
-# The core ships in every build of the package, so importing it cannot fail here any more; kept (always None)
-# for kvstore/api.py, which still checks it.
-CORE_IMPORT_ERROR: Optional[ImportError] = None
 
 
 class ServerError(KvStoreError):
@@ -48,5 +45,5 @@ def error_message(exc: BaseException) -> str:
 
 __all__ = [
     "KvStoreError", "FormatError", "CorruptObject", "FingerprintMismatch", "NameNotFound", "InvalidName",
-    "StoreFull", "ServerError", "CORE_IMPORT_ERROR", "error_message",
+    "StoreFull", "ServerError", "error_message",
 ]

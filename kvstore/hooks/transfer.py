@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any, Optional
 
+from kvstore import _core
 from kvstore.errors import KvStoreError, NameNotFound
 
 from .errors import NotStored, RestoreFailed, UpstreamError, UpstreamReply
@@ -27,8 +28,9 @@ log = logging.getLogger("kvstore.hooks")
 
 
 def layout_is_empty(layout: str) -> bool:
-    """Does this layout describe an empty slot (no KV layers), which says nothing about the server's layout?"""
-    return "kv[-]" in layout
+    """Does this layout describe an empty slot (no KV layers), which says nothing about the server's layout?
+    The rule is the core's (`_core.layout_is_empty`); this name keeps the hooks' callers and tests short."""
+    return _core.layout_is_empty(layout)
 
 
 class Transfer:
