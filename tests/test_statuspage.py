@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.page import History, render_fragment, render_page, store_snapshot, visible_slots
+from kvstore.page import History, operator_view, render_fragment, render_page, store_snapshot, visible_slots
 
 EVIL = '<b>x<img src=x onerror=alert(1)>'  # no '/': names may not hold one
 EVIL_NS = "t<i>en"
@@ -212,6 +212,23 @@ def test_visible_slots_hide_other_tenants():
     assert visible_slots(slots, None) is slots
 
 
+def test_operator_view_is_loopback_without_key_or_namespace():
+    assert operator_view("127.0.0.1", {}) and operator_view("::1", {})
+    assert not operator_view("127.0.0.1", {"Authorization": "Bearer k"})
+    assert not operator_view("127.0.0.1", {"X-KV-Namespace": ""})
+    assert not operator_view("10.1.2.3", {}) and not operator_view(None, {}) and not operator_view("sock", {})
+
+
+def test_restored_beyond_the_prompt_does_not_stack_above_it():
+    t = [0.0]
+    h = History(clock=lambda: t[0])
+    h.request("restored", 100, 900, 400)  # a long state restored, the prompt shares only 300 of it
+    html = render_fragment({"history": h.snapshot(), "generated": 1.0})
+    heights = [float(x) for x in re.findall(r'<rect class="c-(?:eval|rest|reuse)"[^>]* height="([0-9.]+)"', html)]
+    ymax_label = re.findall(r'<text class="tick"[^>]*>([0-9,]+)</text>', html)
+    assert len(heights) == 2 and "400" in ymax_label and "1,000" not in ymax_label
+
+
 def test_store_snapshot_lineage_names(state_files, tmp_path):
     st = build_store(state_files, tmp_path / "store")
     snap = store_snapshot(st)
@@ -226,6 +243,12 @@ def test_store_snapshot_lineage_names(state_files, tmp_path):
     assert by["q1"]["parent"] is None and by["q1"]["parent_id"] and by["article"]["children"] == []
     html = render_page({"store": store_snapshot(st, "docs")}, live=False)
     assert "an earlier state" in html and "solo" not in html  # a tenant's view lists only its namespace
+    out = tmp_path / "docs.html"
+    r = subprocess.run([sys.executable, "-m", "kvstore.cli", "--store", str(tmp_path / "store"), "stats", "--html",
+                        str(out), "--namespace", "docs"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert 'data-name="q1"' in page and 'data-name="solo"' not in page and "namespace docs only" in page
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ store reads in `store_snapshot`); the hooks serve it at `GET /kvstore/`, `kvstor
     History                                         what the hooks did since start (history.py)
     store_snapshot(store, namespace=None) -> dict   the "store" part, from a kvstore.Store (snapshot.py)
     visible_slots(slots, namespace) -> list         slots as a tenant may see them
+    operator_view(remote, headers) -> bool          whether a request may see every namespace
 
 The snapshot (every key optional; a section whose key is missing is left out, so the store-only page of
 `kvstore stats --html` is just {"store": ...}). The live keys are those of `/kvstore/stats`, plus two:
@@ -37,7 +38,8 @@ HTML-escaped when rendered; names, namespaces and fingerprint values may hold an
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import ipaddress
+from typing import Any, Mapping, Optional
 
 from kvstore.page.history import KINDS, History
 from kvstore.page.render import render_fragment, render_page
@@ -53,4 +55,16 @@ def visible_slots(slots: list[dict[str, Any]], namespace: Optional[str]) -> list
             for s in slots]
 
 
-__all__ = ["render_page", "render_fragment", "History", "store_snapshot", "visible_slots", "KINDS"]
+def operator_view(remote: Optional[str], headers: Mapping[str, str]) -> bool:
+    """True for the operator: a request from the loopback interface with no API key and no namespace header;
+    it sees every namespace. Anyone else sees their own namespace only (as on the API). Behind a reverse proxy on
+    the same host every request comes from loopback: that proxy must then send a key or a namespace."""
+    if headers.get("Authorization") or headers.get("X-KV-Namespace") is not None:
+        return False
+    try:
+        return remote is not None and ipaddress.ip_address(remote.split("%")[0]).is_loopback
+    except ValueError:  # a unix socket or an unknown peer
+        return False
+
+
+__all__ = ["operator_view", "render_page", "render_fragment", "History", "store_snapshot", "visible_slots", "KINDS"]

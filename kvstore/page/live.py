@@ -81,8 +81,11 @@ def savings_section(snap: dict[str, Any]) -> str:
     if req:
         cols, tips, kcols = [], [], []
         for i, b in enumerate(buckets):
-            reused = max(0, b["prompt"] - b["evaluated"] - b["restored"])
-            cols.append((b["evaluated"], b["restored"], reused))
+            # A restored state longer than what the prompt shares counts only up to the prompt: columns are
+            # whole prompts, split into evaluated, restored from the store and reused in place.
+            rest = min(b["restored"], max(0, b["prompt"] - b["evaluated"]))
+            reused = max(0, b["prompt"] - b["evaluated"] - rest)
+            cols.append((b["evaluated"], rest, reused))
             kcols.append(tuple(b["requests"][k] for k in KINDS))
             tips.append(f"+{fmt.duration(i * w)}: {b['prompt']:,} prompt tokens, {b['evaluated']:,} evaluated, "
                         f"{b['restored']:,} restored, {reused:,} reused in the slot; "
