@@ -42,11 +42,13 @@ def slots_section(snap: dict[str, Any]) -> str:
             saved = '<span class="badge dirty">unsaved changes</span>'
         else:
             saved = '<span class="badge ok">saved</span>'
+        # a slot's tokens are known only when the hooks tokenized its last prompt: 0 for a named slot is unknown
+        tokens = fmt.num(s.get("n_tokens")) if s.get("n_tokens") or name is None else "–"
         last = s.get("last_used")
         idle = fmt.esc(fmt.duration(clock - last) + " ago") if clock is not None and last else "–"
         parent = fmt.esc(s["parent"]) if s.get("parent") else "–"
         rows.append(f'<tr data-slot="{int(s.get("id", 0))}"><td class="n">{int(s.get("id", 0))}</td><td>{held}</td>'
-                    f'<td>{act}</td><td class="n">{fmt.num(s.get("n_tokens"))}</td><td>{saved}</td>'
+                    f'<td>{act}</td><td class="n">{tokens}</td><td>{saved}</td>'
                     f'<td>{parent}</td><td>{idle}</td></tr>')
     body = "".join(rows) or '<tr><td colspan="7" class="empty">no slots</td></tr>'
     q = snap.get("queue_length")

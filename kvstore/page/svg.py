@@ -36,7 +36,7 @@ def stacked_columns(columns: Sequence[Sequence[float]], layers: Sequence[tuple[s
     left, right, top, bottom = 58, 10, 12, 26
     pw, ph = width - left - right, height - top - bottom
     peak = max((sum(c) for c in columns), default=0)
-    step = nice_step(peak)
+    step = max(1.0, nice_step(peak))  # counts: no gridline between two whole numbers
     ymax = step * max(1, math.ceil(peak / step)) if peak > 0 else step * 4
     out = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}" '
            f'preserveAspectRatio="xMidYMid meet"><title>{esc(title)}</title>']
