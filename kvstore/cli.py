@@ -110,7 +110,15 @@ def _store(args):
 
 
 def cmd_stats(args) -> int:
-    s = _store(args).stats()
+    store = _store(args)
+    if args.html:  # the store part of the status page, for a store no server is running on
+        from kvstore.page import render_page, store_snapshot
+
+        page = render_page({"store": store_snapshot(store, args.namespace)}, live=False)
+        Path(args.html).expanduser().write_text(page, encoding="utf-8")
+        print(f"{PROG}: wrote {args.html}", file=sys.stderr)
+        return 0
+    s = store.stats()
     emit(args, s, lambda: pairs([
         ("store", config.store_dir(args.store)),
         ("names", s.get("names")),
@@ -374,7 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("serve", "run the kvstore proxy in front of llama-server (see `kvstore serve --help`)", cmd_serve)
     add_serve_args(sp)
-    add("stats", "sizes and dedup/compression ratios", cmd_stats)
+    sp = add("stats", "sizes and dedup/compression ratios", cmd_stats)
+    sp.add_argument("--html", metavar="FILE", help="write the store part of the status page (one self-contained "
+                    "HTML file: names, sizes, ratios, lineage) to FILE")
+    sp.add_argument("--namespace", default=None, help="with --html: only this namespace (default: all)")
     sp = add("ls", "list stored states", cmd_ls)
     sp.add_argument("--namespace", default=None, help="only this namespace (default: all)")
     sp = add("rm", "remove a name (its objects go at the next gc)", cmd_rm)
