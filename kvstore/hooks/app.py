@@ -135,6 +135,7 @@ def build_app(cfg: HooksConfig) -> web.Application:
     r.add_get("/kvstore/states/{name}", h.state_info)
     r.add_delete("/kvstore/states/{name}", h.state_delete)
     r.add_get("/kvstore/stats", h.stats)
+    r.add_get("/kvstore/", h.status_page)
     r.add_get("/metrics", h.prometheus)
     r.add_route("*", "/{tail:.*}", h.passthrough)
     return app

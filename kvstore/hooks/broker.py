@@ -168,7 +168,7 @@ class Broker:
                 self.table.evaluated(slot)
             self.table.evaluated(slot, await tokens_fn() or [])
             timings = r.get("timings") or {}
-            self.metrics.inc("prompt_tokens_evaluated", int(timings.get("prompt_n") or 0))
+            self.metrics.evaluated(kind, timings, n_restored)
             info = await lease.shielded(self.transfer.save(slot))
             self.table.saved(slot)
         return {"id_slot": slot.id, "cache": kind, "n_restored": n_restored, "timings": timings, "stored": info,

@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 from aiohttp import web
 
+from kvstore import page
+
 from . import naming as nm
 from .broker import Once
 from .errors import BadRequest
@@ -53,9 +55,7 @@ class Handlers:
                 if seen.started:
                     h.table.evaluated(slot, tokens_fn.value or [])
                     # Counted even when the client hung up after the last chunk (write_eof then fails).
-                    timings = seen.timings()
-                    if timings and isinstance(timings.get("prompt_n"), (int, float)):
-                        h.metrics.inc("prompt_tokens_evaluated", int(timings["prompt_n"]))
+                    h.metrics.evaluated(kind, seen.timings(), n_restored)
             return resp
 
     async def prime(self, request: web.Request) -> web.Response:
@@ -100,6 +100,17 @@ class Handlers:
             "upstream": h.up.url, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
             "queue_length": h.table.queue_length, "slots": h.table.as_list(),
             "counters": h.metrics.snapshot(), "store": store}))
+
+    async def status_page(self, request: web.Request) -> web.Response:
+        """GET /kvstore/: the status page (`?fragment=1`: its main part, for the page's own refresh)."""
+        h = self.h
+        ns = None if page.operator_view(request.remote, request.headers) else nm.namespace_of(request.headers)
+        snap = {"upstream": h.up.url, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
+                "queue_length": h.table.queue_length, "slots": page.visible_slots(h.table.as_list(), ns),
+                "slot_clock": h.table.clock(), "history": h.metrics.history.snapshot(),
+                "store": await h.store.snapshot(ns)}
+        html = page.render_fragment(snap) if request.query.get("fragment") else page.render_page(snap, live=True)
+        return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
 
     async def prometheus(self, request: web.Request) -> web.Response:
         try:

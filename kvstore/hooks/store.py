@@ -56,3 +56,9 @@ class AsyncStore:
 
     async def stats(self) -> dict:
         return await asyncio.to_thread(self.core.stats)
+
+    async def snapshot(self, namespace: Optional[str]) -> dict:
+        """The status page's store part (`kvstore.page.store_snapshot`), one namespace or (None) all."""
+        from kvstore.page import store_snapshot
+
+        return await asyncio.to_thread(store_snapshot, self.core, namespace)

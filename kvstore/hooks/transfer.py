@@ -72,8 +72,7 @@ class Transfer:
         except Exception:
             self.metrics.inc("save_failures")
             raise
-        self.metrics.inc("save_seconds", time.perf_counter() - t0)
-        self.metrics.inc("save_count")
+        self.metrics.timed("save", time.perf_counter() - t0)
         self.metrics.inc("bytes_ingested", int(info.get("new_stored_bytes") or 0))
         self.metrics.inc("bytes_saved", int(info.get("file_bytes") or 0))
         info["save"] = r
@@ -119,8 +118,7 @@ class Transfer:
                 lease.table.cleared(lease.slot)
                 raise
         n = int(r.get("n_restored") or 0)
-        self.metrics.inc("restore_seconds", time.perf_counter() - t0)
-        self.metrics.inc("restore_count")
+        self.metrics.timed("restore", time.perf_counter() - t0)
         self.metrics.inc("tokens_restored", n)
         r["kvstore"] = info
         return r
