@@ -6,6 +6,7 @@ pub mod gc;
 pub mod index;
 pub mod manifest;
 pub mod objects;
+pub mod slot_file;
 pub mod store;
 
 #[cfg(feature = "python")]

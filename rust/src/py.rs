@@ -186,9 +186,9 @@ fn validate_name(name: &str, what: &str) -> PyResult<()> {
 #[pyfunction]
 fn hash_file(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     py.detach(|| -> Result<String, Error> {
-        let f = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let (f, size) = crate::slot_file::open_slot_file(&path)?;
         let mut h = blake3::Hasher::new();
-        h.update_reader(f).map_err(|e| Error::io(&path, e))?;
+        h.update_reader(std::io::Read::take(f, size)).map_err(|e| Error::io(&path, e))?;
         Ok(h.finalize().to_hex().to_string())
     })
     .map_err(Into::into)
@@ -208,7 +208,7 @@ struct Inspect {
 #[pyfunction]
 fn inspect_state<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
     let r = py.detach(|| -> Result<Inspect, Error> {
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let bytes = crate::slot_file::read_slot_file(&path)?;
         let d = crate::format::decompose(&bytes, BLOCK_SIZE_DEFAULT)?;
         Ok(Inspect {
             file_bytes: bytes.len() as u64,
@@ -268,7 +268,7 @@ impl PyStore {
         let fp = self::fingerprint(fingerprint.as_ref(), "fingerprint")?;
         let s = &self.inner;
         let r = py.detach(|| -> Result<_, Error> {
-            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let bytes = crate::slot_file::read_slot_file(&path)?;
             let r = s.ingest(&name, &namespace, &bytes, &fp, parent.as_deref())?;
             if remove_file {
                 let _ = std::fs::remove_file(&path);

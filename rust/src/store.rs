@@ -253,6 +253,10 @@ impl Store {
     ) -> Result<IngestReport> {
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
+        // An empty slot (0 tokens) is not a state: restoring it would only clear a slot.
+        if d.tokens.is_empty() {
+            return Err(format::FormatError::Empty.into());
+        }
         let ix = &*self.index;
         let parent_manifest = match parent {
             Some(p) => self.resolve_parent(namespace, p)?,
@@ -1070,6 +1074,11 @@ pub(crate) mod tests {
         for p in &files {
             let bytes = std::fs::read(p).unwrap();
             let name = p.file_stem().unwrap().to_string_lossy().to_string();
+            if format::decompose(&bytes, 64).unwrap().tokens.is_empty() {
+                let r = s.ingest(&name, "", &bytes, &f, None);
+                assert!(matches!(r, Err(Error::Format(format::FormatError::Empty))), "{name}: {r:?}");
+                continue;
+            }
             let r = s.ingest(&name, "", &bytes, &f, None).unwrap();
             assert_eq!(r.file_bytes, bytes.len() as u64);
             let out = d.0.join(format!("{name}.out"));
