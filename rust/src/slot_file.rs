@@ -15,9 +15,10 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::format::{check_head, FormatError, HEAD_LEN};
 
+/// What the path is, if it is not a regular file.
 fn kind(m: &Metadata) -> Option<&'static str> {
     let t = m.file_type();
-    Some(if t.is_file() {
+    let kind = if t.is_file() {
         return None;
     } else if t.is_dir() {
         "a directory"
@@ -31,7 +32,8 @@ fn kind(m: &Metadata) -> Option<&'static str> {
         "a socket"
     } else {
         "not a file"
-    })
+    };
+    Some(kind)
 }
 
 fn regular(path: &Path, m: &Metadata) -> Result<()> {

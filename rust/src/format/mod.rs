@@ -50,11 +50,11 @@ pub enum FormatError {
     Invalid { offset: u64, what: &'static str, detail: String },
     #[error("stored skeleton is corrupt: {0}")]
     Skeleton(String),
-    #[error("slot file invalid at byte {offset}: {what} {code} is not a ggml type llama.cpp defines; the file is damaged")]
+    #[error("slot file invalid at byte {offset}: {what} {code} is not a ggml type llama.cpp defines; the file is damaged: save the slot again")]
     UnknownType { offset: u64, what: &'static str, code: i32 },
-    #[error("slot file invalid at byte {offset}: {what} {size} does not fit type {ty} ({detail}); the file is damaged")]
+    #[error("slot file invalid at byte {offset}: {what} {size} does not fit type {ty} ({detail}); the file is damaged: save the slot again")]
     SizeMismatch { offset: u64, what: &'static str, ty: String, size: u64, detail: String },
-    #[error("slot file invalid at byte {offset}: {what} {n_rot} ({detail}); the file is damaged")]
+    #[error("slot file invalid at byte {offset}: {what} {n_rot} ({detail}); the file is damaged: save the slot again")]
     BadRotation { offset: u64, what: &'static str, n_rot: u32, detail: String },
     #[error("the slot file holds 0 tokens (an empty slot): nothing to store; save the slot after a request has used it")]
     Empty,
