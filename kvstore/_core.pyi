@@ -80,7 +80,7 @@ class Store:
         recorded as none, so a save is never lost over lineage. A `layout` key in `fingerprint` (the server's, learned
         from an earlier save) must equal the file's layout, else FingerprintMismatch; it is not stored as identity.
         Returns {name, namespace, manifest_id, n_tokens, file_bytes, blocks, new_objects, new_raw_bytes,
-        new_stored_bytes, reused_bytes, parent_manifest, empty, elapsed_s}."""
+        new_stored_bytes, reused_bytes, parent_manifest, elapsed_s}."""
     def ingest_bytes(self, name: str, data: bytes, *, namespace: str = ...,
                      fingerprint: Optional[Mapping[str, str]] = None, parent: Optional[str] = None) -> dict[str, Any]: ...
     def materialize(self, name: str, out_path: str, *, namespace: str = ..., expect: Optional[Mapping[str, str]] = None,
@@ -93,7 +93,7 @@ class Store:
                ) -> Optional[dict[str, Any]]:
         """Longest stored token prefix: {manifest_id, name, n_tokens, n_common} or None."""
     def get(self, name: str, *, namespace: str = ...) -> Optional[dict[str, Any]]:
-        """{name, namespace, manifest_id, n_tokens, file_bytes, file_hash, fingerprint, layout, empty, parent,
+        """{name, namespace, manifest_id, n_tokens, file_bytes, file_hash, fingerprint, layout, parent,
         created, last_used}, or None. `empty`: an empty slot (see `layout_is_empty`)."""
     def tokens(self, name: str, *, namespace: str = ...) -> list[int]: ...
     def list(self, *, namespace: Optional[str] = None) -> list[dict[str, Any]]: ...

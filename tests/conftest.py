@@ -6,7 +6,6 @@ Everything runs against the real llama.cpp server code; nothing is mocked. Serve
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -27,7 +26,8 @@ for p in (str(ROOT), str(TESTS)):
 from kvstore.engine import EmbeddedServer, EngineConfig, wait_healthy  # noqa: E402
 from kvstore.models import gemma3_path, smollm2_path  # noqa: E402
 
-ORACLE = Path(__file__).resolve().parents[2] / "shared" / "tools" / "parse_state.py"
+# The test oracle: the project's own independent slot-file reader (never imports kvstore).
+ORACLE = TESTS / "slotfile.py"
 MODELS = ("smollm2", "gemma3")
 
 # The server settings make_states.py uses for every file (cache_ram 0, 2 threads, ubatch 256), plus each case's.
@@ -115,18 +115,12 @@ def tree_snapshot(path, exclude: tuple = ()) -> dict[str, tuple[int, str]]:
     return out
 
 
-def load_oracle():
-    """shared/tools/parse_state.py as a module (the independent reader used as the test oracle)."""
-    assert ORACLE.is_file(), f"test oracle not found at {ORACLE}"
-    spec = importlib.util.spec_from_file_location("parse_state_oracle", ORACLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def oracle():
-    return load_oracle()
+    """tests/slotfile.py: parse/split/rebuild/rows/diff of slot files, written from the format alone."""
+    import slotfile
+
+    return slotfile
 
 
 def oracle_tokens(oracle_mod, src) -> list[int]:

@@ -63,9 +63,9 @@ def test_corrupt_object_carries_its_id(store, state_files, tmp_path):
 def test_empty_slot_rule_and_block_size_come_from_the_core(tmp_path, state_files):
     store = kvstore.open_store(tmp_path / "s")
     assert store.block_size == _core.DEFAULT_BLOCK_SIZE
-    empty = store.ingest("e", str(state_files["smollm2_empty"]))
-    full = store.ingest("f", str(state_files["smollm2_fa_on"]))
-    assert empty["empty"] and not full["empty"]
-    for name, want in [("e", True), ("f", False)]:
-        info = store.get(name)
-        assert info["empty"] is want and _core.layout_is_empty(info["layout"]) is want
+    # An empty slot is refused at ingest; its layout (as inspected) is the core's "empty" one, a stored state's is not.
+    with pytest.raises(kvstore.FormatError):
+        store.ingest("e", str(state_files["smollm2_empty"]))
+    assert _core.layout_is_empty(_core.inspect_state(str(state_files["smollm2_empty"]))["layout"])
+    store.ingest("f", str(state_files["smollm2_fa_on"]))
+    assert not _core.layout_is_empty(store.get("f")["layout"])

@@ -9,6 +9,8 @@
 //! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there).
 
 mod emit;
+mod ggml;
+mod head;
 mod layout;
 mod model;
 mod parse;
@@ -18,6 +20,7 @@ mod skeleton;
 #[cfg(test)]
 mod tests;
 
+pub use head::{check_head, HEAD_LEN};
 use model::SlotFile;
 use plan::Plan;
 
@@ -47,6 +50,16 @@ pub enum FormatError {
     Invalid { offset: u64, what: &'static str, detail: String },
     #[error("stored skeleton is corrupt: {0}")]
     Skeleton(String),
+    #[error("slot file invalid at byte {offset}: {what} {code} is not a ggml type llama.cpp defines; the file is damaged: save the slot again")]
+    UnknownType { offset: u64, what: &'static str, code: i32 },
+    #[error("slot file invalid at byte {offset}: {what} {size} does not fit type {ty} ({detail}); the file is damaged: save the slot again")]
+    SizeMismatch { offset: u64, what: &'static str, ty: String, size: u64, detail: String },
+    #[error("slot file invalid at byte {offset}: {what} {n_rot} ({detail}); the file is damaged: save the slot again")]
+    BadRotation { offset: u64, what: &'static str, n_rot: u32, detail: String },
+    #[error("the slot file holds 0 tokens (an empty slot): nothing to store; save the slot after a request has used it")]
+    Empty,
+    #[error("{}: {kind}, not a regular file; pass a slot file that llama-server wrote into its --slot-save-path", path.display())]
+    NotAFile { path: std::path::PathBuf, kind: &'static str },
 }
 
 /// KV rows of the cells whose positions fall in one block range of one KV section.

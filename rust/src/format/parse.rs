@@ -5,6 +5,7 @@
 //! ignores), or must be another KV section. Whether metadata entries carry the 12-byte cell ext is not
 //! flagged either; the whole file is parsed without it first and, if that fails, with it.
 
+use super::ggml::{check_rot, check_rows, check_trans};
 use super::model::*;
 use super::reader::Reader;
 use super::{FormatError, MAGIC, VERSION};
@@ -29,17 +30,21 @@ pub(crate) fn parse_file(buf: &[u8]) -> Result<SlotFile<'_>, FormatError> {
         Ok(f) => Ok(f),
         Err(e0) => match parse_rest(r, true) {
             Ok(f) => Ok(f),
-            // Report the attempt that got further: it is the likelier reading of the file.
-            Err(e1) if err_offset(&e1) > err_offset(&e0) => Err(e1),
+            // Report the likelier reading of the file: one that found a bad type or size where a layer header
+            // belongs (a misread lands in row data and fails on structure), else the one that got further.
+            Err(e1) if err_rank(&e1) > err_rank(&e0) => Err(e1),
             Err(_) => Err(e0),
         },
     }
 }
 
-fn err_offset(e: &FormatError) -> u64 {
+fn err_rank(e: &FormatError) -> (bool, u64) {
     match e {
-        FormatError::Truncated { offset, .. } | FormatError::Invalid { offset, .. } => *offset,
-        _ => 0,
+        FormatError::UnknownType { offset, .. }
+        | FormatError::SizeMismatch { offset, .. }
+        | FormatError::BadRotation { offset, .. } => (true, *offset),
+        FormatError::Truncated { offset, .. } | FormatError::Invalid { offset, .. } => (false, *offset),
+        _ => (false, 0),
     }
 }
 
@@ -103,6 +108,7 @@ fn parse_cells<'a>(r: &mut Reader<'a>, count: u32, ext: bool) -> Result<Cells<'a
         return Err(r.invalid(4, "v_trans", format!("{v_trans} is neither 0 nor 1")));
     }
     let n_layer = r.u32("n_layer")?;
+    let rot_off = r.offset();
     let n_rot_k = r.u32("n_rot_k")?;
     let n_rot_v = r.u32("n_rot_v")?;
     // Each layer needs at least a 12-byte K header and a 12-byte V header.
@@ -111,26 +117,36 @@ fn parse_cells<'a>(r: &mut Reader<'a>, count: u32, ext: bool) -> Result<Cells<'a
         row.checked_mul(count as u64).ok_or_else(|| r.invalid(12, what, format!("row size {row} x {count} cells overflows")))
     };
     let mut ks = Vec::with_capacity(n_layer as usize);
+    let (mut k_widths, mut v_widths) = (Vec::with_capacity(n_layer as usize), Vec::with_capacity(n_layer as usize));
     for _ in 0..n_layer {
+        let hdr = r.offset();
         let ty = r.i32("K type")?;
         let row = r.u64("K row size")?;
+        k_widths.push(check_rows(ty, row, hdr, ["K type", "K row size"])?);
         let len = payload_len(r, row, "K row size")?;
         ks.push((ty, row, r.take(len, "K rows")?));
     }
     let mut layers = Vec::with_capacity(n_layer as usize);
     let mut payload = Vec::with_capacity(n_layer as usize);
     for (k_ty, k_row, k_data) in ks {
+        let hdr = r.offset();
         let ty = r.i32("V type")?;
         let v = if v_trans == 0 {
             VLayout::Rows { ty, row: r.u64("V row size")? }
         } else {
             VLayout::Trans { ty, el: r.u32("V el size")?, n_embd: r.u32("V n_embd_v_gqa")? }
         };
+        v_widths.push(match v {
+            VLayout::Rows { ty, row } => check_rows(ty, row, hdr, ["V type", "V row size"])?,
+            VLayout::Trans { ty, el, n_embd } => check_trans(ty, el, n_embd, hdr)?,
+        });
         let len = payload_len(r, v.row_bytes(), "V size")?;
         let v_data = r.take(len, "V data")?;
         layers.push(LayerHdr { k_ty, k_row, v });
         payload.push((k_data, v_data));
     }
+    check_rot(n_rot_k, &k_widths, rot_off, "n_rot_k")?;
+    check_rot(n_rot_v, &v_widths, rot_off + 4, "n_rot_v")?;
     Ok(Cells { count, meta, pos, v_trans, n_rot_k, n_rot_v, layers, payload })
 }
 

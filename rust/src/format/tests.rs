@@ -212,7 +212,8 @@ fn roundtrip(f: &[u8], bs: u32) -> Decomposed {
 
 #[test]
 fn roundtrip_variants() {
-    let q8 = vec![L { k_ty: 8, k_row: 34, v_ty: 8, v_row: 34, el: 1 }; 2];
+    // q8_0 rows of 64 elements (2 blocks of 34 bytes): a rotation of 64 divides them
+    let q8 = vec![L { k_ty: 8, k_row: 68, v_ty: 8, v_row: 68, el: 1 }; 2];
     let mut cases: Vec<(&str, Vec<u8>, usize)> = Vec::new();
     let one = |s: Sec, n: usize| file(&packed(&toks(n)), &[s], None, &[]);
     cases.push(("rows", one(Sec::new(range(0, 100), f16_layers(3, 8)), 100), 2));
@@ -524,13 +525,14 @@ fn layout_strings() {
     // differs for v_trans, rotation, ext, types and row sizes
     let t = lay(Sec { v_trans: true, ..base.clone() }, 20);
     assert_eq!(t, "kv[3:f16/8,f16/2x4*3;vt1;rot0,0;ext0]");
-    assert_ne!(lay(Sec { rot: (64, 64), ..base.clone() }, 20), l0);
+    let wide = Sec { layers: f16_layers(3, 128), ..base.clone() }; // 64 elements: rotation 64 fits
+    assert_ne!(lay(Sec { rot: (64, 64), ..wide.clone() }, 20), lay(wide, 20));
     assert_ne!(lay(Sec { ext: true, ..base.clone() }, 20), l0);
     assert_ne!(lay(Sec { layers: f16_layers(3, 16), ..base.clone() }, 20), l0);
     assert_ne!(lay(Sec { layers: f16_layers(2, 8), ..base.clone() }, 20), l0);
     let mut mixed = f16_layers(3, 8);
-    mixed[1].k_ty = 8;
-    assert_eq!(lay(Sec { layers: mixed, ..base.clone() }, 20), "kv[3:f16/8,f16/8|q8_0/8,f16/8|f16/8,f16/8;vt0;rot0,0;ext0]");
+    mixed[1].k_ty = 30;
+    assert_eq!(lay(Sec { layers: mixed, ..base.clone() }, 20), "kv[3:f16/8,f16/8|bf16/8,f16/8|f16/8,f16/8;vt0;rot0,0;ext0]");
     // iSWA: two sections, independent of the checkpoint appendix
     let a = decompose(&iswa_file(30, false), 16).unwrap().layout;
     assert_eq!(a, decompose(&iswa_file(60, true), 16).unwrap().layout);

@@ -26,9 +26,9 @@ pub(super) fn validate_name(name: &str, what: &str) -> PyResult<()> {
 #[pyfunction]
 pub(super) fn hash_file(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     py.detach(|| -> Result<String, Error> {
-        let f = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let (f, size) = crate::slot_file::open_slot_file(&path)?;
         let mut h = blake3::Hasher::new();
-        h.update_reader(f).map_err(|e| Error::io(&path, e))?;
+        h.update_reader(std::io::Read::take(f, size)).map_err(|e| Error::io(&path, e))?;
         Ok(h.finalize().to_hex().to_string())
     })
     .map_err(Into::into)
@@ -48,7 +48,7 @@ struct Inspect {
 #[pyfunction]
 pub(super) fn inspect_state<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
     let r = py.detach(|| -> Result<Inspect, Error> {
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let bytes = crate::slot_file::read_slot_file(&path)?;
         let d = crate::format::decompose(&bytes, DEFAULT_BLOCK_SIZE)?;
         Ok(Inspect {
             file_bytes: bytes.len() as u64,

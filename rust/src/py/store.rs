@@ -56,7 +56,7 @@ impl PyStore {
         let fp = convert::fingerprint(fingerprint.as_ref(), "fingerprint")?;
         let s = &self.inner;
         let r = py.detach(|| -> Result<_, Error> {
-            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let bytes = crate::slot_file::read_slot_file(&path)?;
             let r = s.ingest(&name, &namespace, &bytes, &fp, parent.as_deref())?;
             if remove_file {
                 let _ = std::fs::remove_file(&path);

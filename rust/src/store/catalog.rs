@@ -5,7 +5,7 @@ use serde::Serialize;
 use super::{Store, Target};
 use crate::error::{Error, Result};
 use crate::index::{validate_name, HeedExt, NameRecord};
-use crate::manifest::{layout_is_empty, now_f64, Fingerprint};
+use crate::manifest::{now_f64, Fingerprint};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StateInfo {
@@ -18,8 +18,6 @@ pub struct StateInfo {
     pub file_hash: String,
     pub fingerprint: Fingerprint,
     pub layout: String,
-    /// An empty slot (`layout_is_empty`): its layout matches any server, so it is neither checked nor learned.
-    pub empty: bool,
     pub parent: Option<String>,
     pub created: f64,
     pub last_used: f64,
@@ -37,7 +35,6 @@ impl Store {
             file_bytes: m.file_bytes,
             file_hash: m.file_hash,
             fingerprint: m.fingerprint,
-            empty: layout_is_empty(&m.layout),
             layout: m.layout,
             parent: m.parent.map(|p| p.hex()),
             created: rec.created,

@@ -41,8 +41,6 @@ pub struct IngestReport {
     /// Uncompressed bytes of this state's distinct objects that were already stored.
     pub reused_bytes: u64,
     pub parent_manifest: Option<String>,
-    /// The file is an empty slot (`layout_is_empty`): its layout says nothing about the server.
-    pub empty: bool,
     pub elapsed_s: f64,
 }
 
@@ -78,6 +76,10 @@ impl Store {
     ) -> Result<IngestReport> {
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
+        // An empty slot (0 tokens) is not a state: restoring it would only clear a slot.
+        if d.tokens.is_empty() {
+            return Err(format::FormatError::Empty.into());
+        }
         let ix = &*self.index;
         let parent_manifest = match parent {
             Some(p) => self.resolve_parent(namespace, p)?,
@@ -193,7 +195,6 @@ impl Store {
             new_stored_bytes: new_stored,
             reused_bytes: reused,
             parent_manifest: manifest.parent.map(|p| p.hex()),
-            empty: layout_is_empty(&manifest.layout),
             elapsed_s: t0.elapsed().as_secs_f64(),
         })
     }
