@@ -236,17 +236,31 @@ def test_round_trip_byte_exact_and_states_dedup(recorded, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # fidelity through kvstore serve: evict -> store -> restore into the other slot -> continue
 
-def test_restore_into_another_slot_continues_exactly(recorded, tiny_models, tmp_path):
+def _engine(model: Path, store: Path) -> EmbeddedServer:
+    from kvstore.config import sync_dir
+
+    cfg = EngineConfig(model=str(model), parallel=2, ctx_size=2048, cache_ram=0, threads=2, ubatch_size=256,
+                       flash_attn="on", slot_save_path=str(sync_dir(store)))
+    srv = EmbeddedServer(cfg)
+    wait_healthy(srv.url)
+    return srv
+
+
+def _same_continuation(got: dict, ref: dict, what: str) -> None:
+    # the restored state was used: only the new tokens were evaluated, as on the server that kept the slot
+    assert got["timings"]["prompt_n"] == ref["timings"]["prompt_n"], (what, got["timings"], ref["timings"])
+    assert got["content"] == ref["content"], what
+    assert _probs(got) == _probs(ref), what
+
+
+def test_restore_into_another_slot_and_after_restart_continues_exactly(recorded, tiny_models, tmp_path):
     from hooks_support import hooks, post, stack
 
     arch = recorded["arch"]
     store = tmp_path / "store"
-    from kvstore.config import sync_dir
-
-    cfg = EngineConfig(model=str(tiny_models[arch]), parallel=2, ctx_size=2048, cache_ram=0, threads=2,
-                       ubatch_size=256, flash_attn="on", slot_save_path=str(sync_dir(store)))
-    srv = EmbeddedServer(cfg)
-    wait_healthy(srv.url)
+    nxt = {"prompt": recorded["prompt_next"], "n_predict": N_NEXT, "temperature": 0.0, "top_k": 1, "seed": 1,
+           "ignore_eos": True, "n_probs": N_PROBS}
+    srv = _engine(tiny_models[arch], store)
     with stack(srv), hooks(srv.url, store) as hk:
         body = {"prompt": recorded["gen_prompt"], "n_predict": N_GEN, "temperature": 0.0, "top_k": 1, "seed": 1,
                 "ignore_eos": True, "cache_prompt_name": "doc"}
@@ -256,18 +270,20 @@ def test_restore_into_another_slot_continues_exactly(recorded, tiny_models, tmp_
         slot = int(r.headers["X-KV-Slot"])
         other = 1 - slot
         assert post(hk.url, f"/slots/{slot}?action=save", {"filename": "doc"}).status == 200
+        assert post(hk.url, f"/slots/{slot}?action=save", {"filename": "doc-kept"}).status == 200  # for later
         assert post(hk.url, f"/slots/{slot}?action=erase").status == 200
         r = post(hk.url, f"/slots/{other}?action=restore", {"filename": "doc"})
         assert r.status == 200, r.body[:300]
-        body = {"prompt": recorded["prompt_next"], "n_predict": N_NEXT, "temperature": 0.0, "top_k": 1,
-                "seed": 1, "ignore_eos": True, "n_probs": N_PROBS, "cache_prompt_name": "doc"}
-        r = post(hk.url, "/completion", body)
+        r = post(hk.url, "/completion", {**nxt, "cache_prompt_name": "doc"})
         assert r.status == 200, r.body[:300]
         assert int(r.headers["X-KV-Slot"]) == other
         got = r.json
     ref = recorded["ref"]
-    # the restored state was used: only the new tokens were evaluated, as on the server that kept the slot
-    print(f"\n[{arch}] continuation prompt_n: kept {ref['timings']['prompt_n']}, restored {got['timings']['prompt_n']}")
-    assert got["timings"]["prompt_n"] == ref["timings"]["prompt_n"], (got["timings"], ref["timings"])
-    assert got["content"] == ref["content"]
-    assert _probs(got) == _probs(ref)
+    _same_continuation(got, ref, "restored into another slot")
+    # both stopped; a fresh llama-server and hooks on the same store restore the state by name
+    srv = _engine(tiny_models[arch], store)
+    with stack(srv), hooks(srv.url, store) as hk:
+        r = post(hk.url, "/completion", {**nxt, "cache_prompt_name": "doc-kept"})
+        assert r.status == 200, r.body[:300]
+        assert r.kind == "restored", r.kind
+        _same_continuation(r.json, ref, "after a restart")
