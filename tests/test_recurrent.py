@@ -287,3 +287,16 @@ def test_restore_into_another_slot_and_after_restart_continues_exactly(recorded,
         assert r.status == 200, r.body[:300]
         assert r.kind == "restored", r.kind
         _same_continuation(r.json, ref, "after a restart")
+        # parents: prime a document, erase its slot, then a question with the document as parent; the parent
+        # ends where the question starts, so llama-server extends the restored state without a rollback
+        doc = _tokenize(srv.url, PROMPT)
+        question = tokenize(srv.url, "\nQuestion: when is the boat due?\nAnswer:")
+        r = post(hk.url, "/kvstore/states/article", {"prompt": doc})
+        assert r.status == 200, r.body[:300]
+        assert post(hk.url, f"/slots/{r.json['id_slot']}?action=erase").status == 200
+        body = {**nxt, "prompt": doc + question, "n_probs": 0, "cache_prompt_parent": "article",
+                "cache_prompt_name": "q1"}
+        r = post(hk.url, "/completion", body)
+        assert r.status == 200, r.body[:300]
+        assert r.kind == "parent", r.kind
+        assert r.prompt_n == len(question), (r.prompt_n, len(question))
