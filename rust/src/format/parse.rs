@@ -2,8 +2,9 @@
 //!
 //! The file does not say which memory module wrote it, so sections are parsed greedily: after a section the
 //! rest is empty, starts with the `SCKP` appendix magic, is all zero bytes (padding the server ignores), or
-//! must be another section: a recurrent one if it reads as one up to that end (see `recurrent.rs`), else KV. Whether metadata entries carry the 12-byte cell ext is not
-//! flagged either; the whole file is parsed without it first and, if that fails, with it.
+//! must be another section: a recurrent one if it reads as one up to that end (see `recurrent.rs`), else KV.
+//! Whether metadata entries carry the 12-byte cell ext is not flagged either; the whole file is parsed without
+//! it first and, if that fails, with it.
 
 use super::model::*;
 use super::reader::Reader;

@@ -134,7 +134,7 @@ pub(crate) fn decode_head<'a>(s: &'a [u8]) -> Result<(Reader<'a>, u32, u32, &'a 
     }
     let version = r.u32("skeleton version").map_err(corrupt)?;
     if !(1..=SKELETON_VERSION).contains(&version) {
-        return Err(bad(format!("skeleton version {version} is not supported (this build reads 1..={SKELETON_VERSION})")));
+        return Err(bad(format!("skeleton version {version} is not supported (this build: 1 to {SKELETON_VERSION})")));
     }
     let block_size = r.u32("block_size").map_err(corrupt)?;
     (block_size != 0).then_some(()).ok_or_else(|| bad("block_size 0"))?;
