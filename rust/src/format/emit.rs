@@ -6,7 +6,7 @@
 //! only transposed V needs a strided gather/scatter, done one element column at a time over a run.
 
 use super::model::*;
-use super::plan::Plan;
+use super::plan::{Plan, UnitPlan};
 use super::reader::PutLe;
 use super::FormatError;
 
@@ -110,10 +110,10 @@ pub(crate) fn block_lengths(cells: &Cells<'_>, plan: &Plan) -> Result<Vec<usize>
         .collect()
 }
 
-/// Writes a whole file. `plans[i]` belongs to the i-th section of `file.all_sections()` that has cells, and
-/// owns the next `plans[i].block_cells.len()` entries of `blocks`, whose lengths the caller has checked.
+/// Writes a whole file. `plans[i]` belongs to the i-th entry of `file.units()` and owns its next
+/// `plans[i].n_blocks()` entries of `blocks`, whose lengths the caller has checked.
 pub(crate) struct Emitter<'p, 'b> {
-    pub plans: std::slice::Iter<'p, Plan>,
+    pub plans: std::slice::Iter<'p, UnitPlan>,
     pub blocks: &'b [&'b [u8]],
     pub n_stream: Option<u32>,
 }
@@ -126,6 +126,9 @@ impl Emitter<'_, '_> {
         out.extend_from_slice(f.words);
         for s in &f.sections {
             self.section(s, out);
+        }
+        if let Some(rc) = &f.recurrent {
+            self.recurrent(rc, out);
         }
         if let Some(a) = &f.appendix {
             out.put_u32(super::parse::SCKP_MAGIC);
@@ -140,13 +143,16 @@ impl Emitter<'_, '_> {
                         out.put_u64(b.len() as u64);
                         out.extend_from_slice(b);
                     }
-                    Tgt::Parsed { io_magic, seq_id, sections } => {
+                    Tgt::Parsed { io_magic, seq_id, sections, recurrent } => {
                         let len_at = out.len();
                         out.put_u64(0);
                         out.put_u32(*io_magic);
                         out.put_i32(*seq_id);
                         for s in sections {
                             self.section(s, out);
+                        }
+                        if let Some(rc) = recurrent {
+                            self.recurrent(rc, out);
                         }
                         let len = (out.len() - len_at - 8) as u64;
                         out[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
@@ -175,8 +181,15 @@ impl Emitter<'_, '_> {
         }
     }
 
+    fn recurrent(&mut self, rc: &Recurrent<'_>, out: &mut Vec<u8>) {
+        let Some(UnitPlan::Rec(n)) = self.plans.next() else { unreachable!("plans follow units()") };
+        let (blocks, rest) = self.blocks.split_at(*n);
+        self.blocks = rest;
+        super::recurrent::emit(rc, blocks.first().copied().unwrap_or_default(), out);
+    }
+
     fn cells(&mut self, c: &Cells<'_>, out: &mut Vec<u8>) {
-        let plan = self.plans.next().expect("one plan per section with cells");
+        let Some(UnitPlan::Kv(plan)) = self.plans.next() else { unreachable!("plans follow units()") };
         let (blocks, rest) = self.blocks.split_at(plan.block_cells.len());
         self.blocks = rest;
         let prefix = layer_prefix(&c.layers);

@@ -1,6 +1,6 @@
-//! The canonical layout string of a file's KV sections (what a server must match to restore it).
+//! The canonical layout string of a file's sections (what a server must match to restore it).
 //!
-//! One entry per body section, joined by `+`:
+//! One entry per body section, joined by `+`, the recurrent section last (`rec[...]`, see `recurrent.rs`):
 //! * `kv[-]`: a section with no cells (an empty slot writes only `n_stream` and zero counts, so nothing else
 //!   about the cache is known). An empty slot file is therefore `kv[-]` (one section) or `kv[-]+kv[-]` (iSWA).
 //! * `kv[<n_layer>:<layers>;vt<v_trans>;rot<n_rot_k>,<n_rot_v>;ext<0|1>]` where `<layers>` lists each layer as
@@ -60,6 +60,6 @@ fn section_desc(s: &Section<'_>) -> String {
     )
 }
 
-pub(crate) fn layout(sections: &[Section<'_>]) -> String {
-    sections.iter().map(section_desc).collect::<Vec<_>>().join("+")
+pub(crate) fn layout(sections: &[Section<'_>], recurrent: Option<&Recurrent<'_>>) -> String {
+    sections.iter().map(section_desc).chain(recurrent.map(|r| r.layout())).collect::<Vec<_>>().join("+")
 }

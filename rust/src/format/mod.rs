@@ -1,11 +1,13 @@
-//! llama.cpp slot-save files (`ggsq` version 4): cut into a skeleton plus KV row blocks, and put back together.
+//! llama.cpp slot-save files (`ggsq` version 4): cut into a skeleton plus blocks, and put back together.
 //!
-//! CONTRACT (docs/design.md): `recompose(decompose(f)) == f` byte for byte. Blocks are keyed by cell position,
-//! never by file index, and hold rows cell-major, so their bytes do not depend on cell count or ring order.
+//! CONTRACT (docs/design.md): `recompose(decompose(f)) == f` byte for byte. KV blocks are keyed by cell
+//! position, never by file index, and hold rows cell-major, so their bytes do not depend on cell count or ring
+//! order. A recurrent section (recurrent and hybrid models) has no positions: its state is one whole block.
 //! This module knows nothing about objects, hashes or LMDB.
 //!
 //! Modules: `reader` (bounds-checked cursor), `model` (the parsed structure), `parse` (file -> structure),
-//! `plan` (cells -> blocks by position), `emit` (rows between file and block layout), `skeleton` (the
+//! `plan` (cells -> blocks by position), `emit` (rows between file and block layout), `recurrent` (the
+//! recurrent section, documented there), `skeleton` (the
 //! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there).
 
 mod emit;
@@ -16,13 +18,16 @@ mod model;
 mod parse;
 mod plan;
 mod reader;
+mod recurrent;
 mod skeleton;
+#[cfg(test)]
+mod recurrent_tests;
 #[cfg(test)]
 mod tests;
 
 pub use head::{check_head, HEAD_LEN};
-use model::SlotFile;
-use plan::Plan;
+use model::{SlotFile, Unit};
+use plan::UnitPlan;
 
 /// First bytes of every skeleton (`b"KVSK"`), followed by a u32 skeleton version.
 pub const SKELETON_MAGIC: [u8; 4] = skeleton::SKELETON_MAGIC;
@@ -62,7 +67,7 @@ pub enum FormatError {
     NotAFile { path: std::path::PathBuf, kind: &'static str },
 }
 
-/// KV rows of the cells whose positions fall in one block range of one KV section.
+/// KV rows of the cells whose positions fall in one block range of one KV section, or a whole recurrent state.
 #[derive(Debug, Clone)]
 pub struct Block {
     pub bytes: Vec<u8>,
@@ -80,8 +85,9 @@ pub struct Decomposed {
     pub tokens: Vec<i32>,
     /// Canonical description of the cache layout, e.g. gemma3 with f16 cache and flash attention:
     /// `kv[3:f16/512,f16/512*3;vt0;rot0,0;ext0]+kv[15:f16/512,f16/512*15;vt0;rot0,0;ext0]`; an empty slot is
-    /// `kv[-]` per section. Equal layouts restore into each other's servers (given equal `n_stream`, which is
-    /// not part of it), different ones never do. Grammar: see `layout.rs`.
+    /// `kv[-]` per section. A recurrent section adds e.g. `+rec[4:f32/512*2;f32/0*2]` (LFM2: 4 layers, two
+    /// of them short-conv layers with a conv state and no ssm state). Equal layouts restore into each other's
+    /// servers (given equal `n_stream`, which is not part of it), different ones never do. Grammar: `layout.rs`.
     pub layout: String,
     /// `n_stream` of the saving server's KV sections (0 if the file has no KV section).
     pub n_stream: u32,
@@ -108,8 +114,16 @@ pub fn decompose(file: &[u8], block_size: u32) -> Result<Decomposed, FormatError
     let tokens = model::tokens_from_words(f.words)
         .map_err(|detail| FormatError::Invalid { offset: 12, what: "token payload", detail })?;
     let mut blocks = Vec::new();
-    for s in f.all_sections() {
-        let Some(c) = &s.cells else { continue };
+    for u in f.units() {
+        let c = match u {
+            Unit::Kv(c) => c,
+            Unit::Rec(rc) => {
+                if rc.n_blocks()? == 1 {
+                    blocks.push(Block { bytes: rc.block(), elem_size: rc.elem_size() });
+                }
+                continue;
+            }
+        };
         let plan = plan::plan(&c.pos, block_size).map_err(|p| FormatError::Invalid {
             offset: (c.meta.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize) as u64,
             what: "cell positions",
@@ -124,7 +138,7 @@ pub fn decompose(file: &[u8], block_size: u32) -> Result<Decomposed, FormatError
         skeleton: skeleton::encode(&f, block_size, n_blocks),
         blocks,
         tokens,
-        layout: layout::layout(&f.sections),
+        layout: layout::layout(&f.sections, f.recurrent.as_ref()),
         n_stream: f.sections.first().map_or(0, |s| s.n_stream),
         n_checkpoints: f.appendix.as_ref().map_or(0, |a| a.checkpoints.len() as u32),
     })
@@ -132,7 +146,7 @@ pub fn decompose(file: &[u8], block_size: u32) -> Result<Decomposed, FormatError
 
 /// Token ids recorded in a skeleton.
 pub fn skeleton_tokens(skeleton: &[u8]) -> Result<Vec<i32>, FormatError> {
-    let (_, _, _, words) = skeleton::decode_head(skeleton)?;
+    let (_, _, _, words, _) = skeleton::decode_head(skeleton)?;
     model::tokens_from_words(words).map_err(FormatError::Skeleton)
 }
 
@@ -140,7 +154,7 @@ pub fn skeleton_tokens(skeleton: &[u8]) -> Result<Vec<i32>, FormatError> {
 /// Decodes and cross-checks the whole skeleton (cheap: it holds no K/V data).
 pub fn skeleton_block_count(skeleton: &[u8]) -> Result<usize, FormatError> {
     let (_, plans) = decode_planned(skeleton)?;
-    Ok(plans.iter().map(|p| p.block_cells.len()).sum())
+    Ok(plans.iter().map(UnitPlan::n_blocks).sum())
 }
 
 /// Block size (in positions) the skeleton was cut with.
@@ -152,26 +166,38 @@ pub fn skeleton_block_size(skeleton: &[u8]) -> Result<u32, FormatError> {
 pub fn skeleton_block_lengths(skeleton: &[u8]) -> Result<Vec<usize>, FormatError> {
     let (d, plans) = decode_planned(skeleton)?;
     let mut out = Vec::new();
-    for (c, plan) in d.file.all_sections().filter_map(|s| s.cells.as_ref()).zip(&plans) {
-        out.extend(emit::block_lengths(c, plan)?);
+    for (u, plan) in d.file.units().into_iter().zip(&plans) {
+        out.extend(unit_block_lengths(u, plan)?);
     }
     Ok(out)
 }
 
-fn decode_planned(skeleton: &[u8]) -> Result<(skeleton::Decoded<'_>, Vec<Plan>), FormatError> {
+fn unit_block_lengths(u: Unit<'_, '_>, plan: &UnitPlan) -> Result<Vec<usize>, FormatError> {
+    match (u, plan) {
+        (Unit::Kv(c), UnitPlan::Kv(p)) => emit::block_lengths(c, p),
+        (Unit::Rec(rc), UnitPlan::Rec(n)) => Ok(if *n == 1 { vec![rc.block_len()?] } else { Vec::new() }),
+        _ => unreachable!("plans_of follows units()"),
+    }
+}
+
+fn decode_planned(skeleton: &[u8]) -> Result<(skeleton::Decoded<'_>, Vec<UnitPlan>), FormatError> {
     let d = skeleton::decode(skeleton)?;
     let plans = plans_of(&d.file, d.block_size)?;
-    let total: usize = plans.iter().map(|p| p.block_cells.len()).sum();
+    let total: usize = plans.iter().map(UnitPlan::n_blocks).sum();
     if total != d.n_blocks as usize {
         return Err(FormatError::Skeleton(format!("header says {} blocks, sections need {total}", d.n_blocks)));
     }
     Ok((d, plans))
 }
 
-fn plans_of(f: &SlotFile<'_>, block_size: u32) -> Result<Vec<Plan>, FormatError> {
-    f.all_sections()
-        .filter_map(|s| s.cells.as_ref())
-        .map(|c| plan::plan(&c.pos, block_size).map_err(|p| FormatError::Skeleton(format!("duplicate position {p}"))))
+fn plans_of(f: &SlotFile<'_>, block_size: u32) -> Result<Vec<UnitPlan>, FormatError> {
+    let dup = |p| FormatError::Skeleton(format!("duplicate position {p}"));
+    f.units()
+        .into_iter()
+        .map(|u| match u {
+            Unit::Kv(c) => plan::plan(&c.pos, block_size).map(UnitPlan::Kv).map_err(dup),
+            Unit::Rec(rc) => Ok(UnitPlan::Rec(rc.n_blocks()?)),
+        })
         .collect()
 }
 
@@ -191,8 +217,8 @@ pub fn recompose(skeleton: &[u8], blocks: &[&[u8]], opts: &EmitOptions) -> Resul
         return Err(FormatError::Skeleton(format!("skeleton references {} blocks, got {}", d.n_blocks, blocks.len())));
     }
     let mut i = 0usize;
-    for (c, plan) in d.file.all_sections().filter_map(|s| s.cells.as_ref()).zip(&plans) {
-        for want in emit::block_lengths(c, plan)? {
+    for (u, plan) in d.file.units().into_iter().zip(&plans) {
+        for want in unit_block_lengths(u, plan)? {
             if blocks[i].len() != want {
                 return Err(FormatError::Skeleton(format!("block {i} has {} bytes, expected {want}", blocks[i].len())));
             }

@@ -4,6 +4,7 @@
 //! in the latter case the K/V payload is absent and comes from the blocks instead.
 
 use super::reader::Reader;
+pub(crate) use super::recurrent::Recurrent;
 use super::FormatError;
 
 /// ggml type ids we name in layouts and use for `elem_size`.
@@ -97,8 +98,8 @@ pub(crate) struct Section<'a> {
 pub(crate) enum Tgt<'a> {
     /// Kept verbatim (empty, or not parseable as `io_magic, seq_id, KV sections`).
     Opaque(&'a [u8]),
-    /// `u32 io_magic, i32 seq_id`, then KV sections that exactly fill the blob.
-    Parsed { io_magic: u32, seq_id: i32, sections: Vec<Section<'a>> },
+    /// `u32 io_magic, i32 seq_id`, then KV sections and/or a recurrent section that exactly fill the blob.
+    Parsed { io_magic: u32, seq_id: i32, sections: Vec<Section<'a>>, recurrent: Option<Recurrent<'a>> },
 }
 
 #[derive(Debug)]
@@ -123,19 +124,46 @@ pub(crate) struct SlotFile<'a> {
     /// The raw token words (`n_token_words * 4` bytes).
     pub words: &'a [u8],
     pub sections: Vec<Section<'a>>,
+    /// The recurrent section after the KV sections (recurrent and hybrid models).
+    pub recurrent: Option<Recurrent<'a>>,
     pub appendix: Option<Appendix<'a>>,
     /// Bytes after everything else, kept verbatim.
     pub trailing: &'a [u8],
 }
 
+/// A part of a file that owns blocks: a KV section's cells, or a recurrent section.
+#[derive(Clone, Copy)]
+pub(crate) enum Unit<'x, 'a> {
+    Kv(&'x Cells<'a>),
+    Rec(&'x Recurrent<'a>),
+}
+
 impl<'a> SlotFile<'a> {
     /// Every KV section in file order: the body, then each parsed checkpoint blob.
+    #[cfg(test)]
     pub fn all_sections(&self) -> impl Iterator<Item = &Section<'a>> {
         let ck = self.appendix.iter().flat_map(|a| a.checkpoints.iter()).flat_map(|c| match &c.tgt {
             Tgt::Parsed { sections, .. } => sections.as_slice(),
             Tgt::Opaque(_) => &[],
         });
         self.sections.iter().chain(ck)
+    }
+
+    /// Every part that owns blocks, in block order: the body's KV cells and recurrent section, then the same
+    /// for each parsed checkpoint blob.
+    pub fn units(&self) -> Vec<Unit<'_, 'a>> {
+        fn push<'x, 'a>(out: &mut Vec<Unit<'x, 'a>>, ss: &'x [Section<'a>], rc: &'x Option<Recurrent<'a>>) {
+            out.extend(ss.iter().filter_map(|s| s.cells.as_ref()).map(Unit::Kv));
+            out.extend(rc.iter().map(Unit::Rec));
+        }
+        let mut out = Vec::new();
+        push(&mut out, &self.sections, &self.recurrent);
+        for c in self.appendix.iter().flat_map(|a| a.checkpoints.iter()) {
+            if let Tgt::Parsed { sections, recurrent, .. } = &c.tgt {
+                push(&mut out, sections, recurrent);
+            }
+        }
+        out
     }
 }
 

@@ -1,9 +1,10 @@
 //! Slot file bytes -> [`SlotFile`] (structure plus borrowed payload slices). No copying of K/V data.
 //!
-//! The file does not say which memory module wrote it, so the KV sections are parsed greedily: after a
-//! section the rest is empty, starts with the `SCKP` appendix magic, is all zero bytes (padding the server
-//! ignores), or must be another KV section. Whether metadata entries carry the 12-byte cell ext is not
-//! flagged either; the whole file is parsed without it first and, if that fails, with it.
+//! The file does not say which memory module wrote it, so sections are parsed greedily: after a section the
+//! rest is empty, starts with the `SCKP` appendix magic, is all zero bytes (padding the server ignores), or
+//! must be another section: a recurrent one if it reads as one up to that end (see `recurrent.rs`), else KV.
+//! Whether metadata entries carry the 12-byte cell ext is not flagged either; the whole file is parsed without
+//! it first and, if that fails, with it.
 
 use super::ggml::{check_rot, check_rows, check_trans};
 use super::model::*;
@@ -53,16 +54,41 @@ fn parse_rest<'a>(mut r: Reader<'a>, ext: bool) -> Result<SlotFile<'a>, FormatEr
     let words = r.take(n_words as u64 * 4, "token words")?;
     tokens_from_words(words).map_err(|d| FormatError::Invalid { offset: 12, what: "token payload", detail: d })?;
 
-    let mut sections = vec![parse_section(&mut r, ext)?];
-    loop {
+    let body_end = |r: &Reader<'_>| {
         let rest = r.peek_rest();
-        if rest.is_empty() || r.peek_u32() == Some(SCKP_MAGIC) || rest.iter().all(|&b| b == 0) {
-            break;
-        }
-        sections.push(parse_section(&mut r, ext)?);
-    }
+        rest.is_empty() || r.peek_u32() == Some(SCKP_MAGIC) || rest.iter().all(|&b| b == 0)
+    };
+    let (sections, recurrent) = parse_sections(&mut r, ext, body_end)?;
     let appendix = if r.peek_u32() == Some(SCKP_MAGIC) { Some(parse_appendix(&mut r, ext)?) } else { None };
-    Ok(SlotFile { words, sections, appendix, trailing: r.rest() })
+    Ok(SlotFile { words, sections, recurrent, appendix, trailing: r.rest() })
+}
+
+/// KV sections, then at most one recurrent section (`llama_memory_hybrid` writes attention first), until
+/// `at_end`; at least one section. Before each section the recurrent reading is tried first: it must end
+/// exactly at `at_end`, which a KV section does not; failing that, the bytes must be a KV section.
+fn parse_sections<'a>(
+    r: &mut Reader<'a>,
+    ext: bool,
+    at_end: impl Fn(&Reader<'a>) -> bool + Copy,
+) -> Result<(Vec<Section<'a>>, Option<Recurrent<'a>>), FormatError> {
+    let mut sections = Vec::new();
+    loop {
+        let rec = super::recurrent::parse_to_end(r, at_end);
+        if let Ok(rc) = rec {
+            return Ok((sections, Some(rc)));
+        }
+        match parse_section(r, ext) {
+            Ok(s) => sections.push(s),
+            // The recurrent error only if that reading got through the section header: then it is the likelier.
+            Err(e) => return Err(match rec {
+                Err(re) if super::recurrent::past_header(&re) && err_rank(&re) > err_rank(&e) => re,
+                _ => e,
+            }),
+        }
+        if at_end(r) {
+            return Ok((sections, None));
+        }
+    }
 }
 
 /// One KV section (`llama_kv_cache::state_write`).
@@ -176,7 +202,7 @@ fn parse_appendix<'a>(r: &mut Reader<'a>, ext: bool) -> Result<Appendix<'a>, For
     Ok(Appendix { version, checkpoints })
 }
 
-/// `io_magic, seq_id, KV sections...` filling the blob exactly, or else the blob verbatim.
+/// `io_magic, seq_id, sections...` filling the blob exactly, or else the blob verbatim.
 fn parse_tgt(blob: &[u8], base: u64, ext: bool) -> Tgt<'_> {
     let parsed = || -> Result<Tgt<'_>, FormatError> {
         let mut r = Reader::new(blob, base);
@@ -185,11 +211,8 @@ fn parse_tgt(blob: &[u8], base: u64, ext: bool) -> Tgt<'_> {
             return Err(r.invalid(4, "io magic", "not a state blob"));
         }
         let seq_id = r.i32("seq_id")?;
-        let mut sections = vec![parse_section(&mut r, ext)?];
-        while !r.is_empty() {
-            sections.push(parse_section(&mut r, ext)?);
-        }
-        Ok(Tgt::Parsed { io_magic, seq_id, sections })
+        let (sections, recurrent) = parse_sections(&mut r, ext, |r| r.is_empty())?;
+        Ok(Tgt::Parsed { io_magic, seq_id, sections, recurrent })
     };
     parsed().unwrap_or(Tgt::Opaque(blob))
 }

@@ -11,6 +11,22 @@ pub(crate) struct Run {
     pub row: usize,
 }
 
+/// The blocks of one `model::Unit`: KV cells by position, or a recurrent section's 0 or 1 whole block.
+#[derive(Debug)]
+pub(crate) enum UnitPlan {
+    Kv(Plan),
+    Rec(usize),
+}
+
+impl UnitPlan {
+    pub fn n_blocks(&self) -> usize {
+        match self {
+            UnitPlan::Kv(p) => p.block_cells.len(),
+            UnitPlan::Rec(n) => *n,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Plan {
     /// Number of cells in each block, in block (= position) order.

@@ -1,10 +1,10 @@
 //! The skeleton: everything of a slot file except the K/V rows, as a small versioned binary.
 //!
-//! Encoding (little-endian), version 1:
+//! Encoding (little-endian), version 1, or 2 when the file has a recurrent section (`[v2: ...]` below):
 //! ```text
-//! b"KVSK"  u32 skeleton_version=1  u32 block_size  u32 n_blocks
+//! b"KVSK"  u32 skeleton_version  u32 block_size  u32 n_blocks
 //! u32 n_token_words  i32 token_words[n]                  -- verbatim from the file
-//! u32 n_sections  section[n]                             -- the body's KV sections
+//! u32 n_sections  section[n]  [v2: rec]                  -- the body's KV sections, recurrent section
 //! u8 has_appendix  [u32 sckp_version  u32 count  checkpoint[count]]
 //! u64 len  trailing bytes
 //!
@@ -13,30 +13,35 @@
 //!               u64 len  meta bytes (verbatim, file order)
 //!               u32 v_trans  u32 n_layer  u32 n_rot_k  u32 n_rot_v
 //!               n_layer x { i32 k_type  u64 k_row  i32 v_type  (u64 v_row | u32 el  u32 n_embd if v_trans) }
+//! rec:        u8 0 (none) | u8 1, the section (encoding in recurrent.rs)
 //! checkpoint: i64 n_tokens  i32 pos_min  i32 pos_max
-//!             u8 0, u64 len, data_tgt verbatim            |  u8 1, u32 io_magic, i32 seq_id, u32 n, section[n]
+//!             u8 0, u64 len, data_tgt verbatim  |  u8 1, u32 io_magic, i32 seq_id, u32 n, section[n], [v2: rec]
 //!             u64 len  data_dft   u64 len  data_spec
 //! ```
 //! Blocks are referenced implicitly: each section with cells owns the next `k` block indices, where `k` is the
 //! number of distinct `pos / block_size` among its cells (recomputed from the meta on decode and checked
-//! against `n_blocks`). Sections are numbered body first, then checkpoint blobs in order.
+//! against `n_blocks`); a recurrent section with bytes owns one. Order: `SlotFile::units`.
 
 use super::model::*;
 use super::reader::{PutLe, Reader};
+use super::recurrent;
 use super::FormatError;
 
 pub(crate) const SKELETON_MAGIC: [u8; 4] = *b"KVSK";
-pub(crate) const SKELETON_VERSION: u32 = 1;
+/// The newest version; files without a recurrent section are still written as version 1.
+pub(crate) const SKELETON_VERSION: u32 = 2;
 
 pub(crate) fn encode(f: &SlotFile<'_>, block_size: u32, n_blocks: u32) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + f.words.len() + f.trailing.len());
+    let v2 = f.units().iter().any(|u| matches!(u, Unit::Rec(_)));
     out.extend_from_slice(&SKELETON_MAGIC);
-    out.put_u32(SKELETON_VERSION);
+    out.put_u32(if v2 { 2 } else { 1 });
     out.put_u32(block_size);
     out.put_u32(n_blocks);
     out.put_u32((f.words.len() / 4) as u32);
     out.extend_from_slice(f.words);
     put_sections(&mut out, &f.sections);
+    recurrent::encode_opt(v2, f.recurrent.as_ref(), &mut out);
     match &f.appendix {
         None => out.put_u8(0),
         Some(a) => {
@@ -52,11 +57,12 @@ pub(crate) fn encode(f: &SlotFile<'_>, block_size: u32, n_blocks: u32) -> Vec<u8
                         out.put_u8(0);
                         put_bytes(&mut out, b);
                     }
-                    Tgt::Parsed { io_magic, seq_id, sections } => {
+                    Tgt::Parsed { io_magic, seq_id, sections, recurrent } => {
                         out.put_u8(1);
                         out.put_u32(*io_magic);
                         out.put_i32(*seq_id);
                         put_sections(&mut out, sections);
+                        recurrent::encode_opt(v2, recurrent.as_ref(), &mut out);
                     }
                 }
                 put_bytes(&mut out, c.dft);
@@ -92,13 +98,10 @@ fn put_sections(out: &mut Vec<u8>, sections: &[Section<'_>]) {
         for l in &c.layers {
             out.put_i32(l.k_ty);
             out.put_u64(l.k_row);
+            out.put_i32(l.v.ty());
             match l.v {
-                VLayout::Rows { ty, row } => {
-                    out.put_i32(ty);
-                    out.put_u64(row);
-                }
-                VLayout::Trans { ty, el, n_embd } => {
-                    out.put_i32(ty);
+                VLayout::Rows { row, .. } => out.put_u64(row),
+                VLayout::Trans { el, n_embd, .. } => {
                     out.put_u32(el);
                     out.put_u32(n_embd);
                 }
@@ -115,41 +118,38 @@ pub(crate) struct Decoded<'a> {
 }
 
 fn corrupt(e: FormatError) -> FormatError {
-    match e {
-        FormatError::Skeleton(_) => e,
-        other => FormatError::Skeleton(other.to_string()),
-    }
+    if let FormatError::Skeleton(_) = e { e } else { FormatError::Skeleton(e.to_string()) }
 }
 
 fn bad(msg: impl Into<String>) -> FormatError {
     FormatError::Skeleton(msg.into())
 }
 
-/// The fixed header and the token words; leaves the reader after the words.
-pub(crate) fn decode_head<'a>(s: &'a [u8]) -> Result<(Reader<'a>, u32, u32, &'a [u8]), FormatError> {
+/// The fixed header and the token words; leaves the reader after the words. Returns the skeleton version too.
+pub(crate) fn decode_head<'a>(s: &'a [u8]) -> Result<(Reader<'a>, u32, u32, &'a [u8], u32), FormatError> {
     let mut r = Reader::new(s, 0);
     let magic = r.take(4, "skeleton magic").map_err(corrupt)?;
     if magic != SKELETON_MAGIC {
         return Err(bad(format!("bad magic {magic:02x?}, expected \"KVSK\"")));
     }
     let version = r.u32("skeleton version").map_err(corrupt)?;
-    if version != SKELETON_VERSION {
-        return Err(bad(format!("skeleton version {version} is not supported (this build reads {SKELETON_VERSION})")));
+    if !(1..=SKELETON_VERSION).contains(&version) {
+        return Err(bad(format!("skeleton version {version} is not supported (this build: 1 to {SKELETON_VERSION})")));
     }
     let block_size = r.u32("block_size").map_err(corrupt)?;
-    if block_size == 0 {
-        return Err(bad("block_size 0"));
-    }
+    (block_size != 0).then_some(()).ok_or_else(|| bad("block_size 0"))?;
     let n_blocks = r.u32("n_blocks").map_err(corrupt)?;
     let n_words = r.u32("n_token_words").map_err(corrupt)?;
     let words = r.take(n_words as u64 * 4, "token words").map_err(corrupt)?;
-    Ok((r, block_size, n_blocks, words))
+    Ok((r, block_size, n_blocks, words, version))
 }
 
 pub(crate) fn decode(s: &[u8]) -> Result<Decoded<'_>, FormatError> {
-    let (mut r, block_size, n_blocks, words) = decode_head(s)?;
+    let (mut r, block_size, n_blocks, words, version) = decode_head(s)?;
+    let v2 = version >= 2;
     let mut body = || -> Result<SlotFile<'_>, FormatError> {
         let sections = get_sections(&mut r)?;
+        let recurrent = recurrent::decode_opt(v2, &mut r)?;
         let appendix = match r.u8("has_appendix")? {
             0 => None,
             1 => {
@@ -167,10 +167,11 @@ pub(crate) fn decode(s: &[u8]) -> Result<Decoded<'_>, FormatError> {
                             let io_magic = r.u32("io_magic")?;
                             let seq_id = r.i32("seq_id")?;
                             let sections = get_sections(&mut r)?;
-                            if sections.is_empty() {
+                            let recurrent = recurrent::decode_opt(v2, &mut r)?;
+                            if sections.is_empty() && recurrent.is_none() {
                                 return Err(bad("parsed checkpoint blob without sections"));
                             }
-                            Tgt::Parsed { io_magic, seq_id, sections }
+                            Tgt::Parsed { io_magic, seq_id, sections, recurrent }
                         }
                         k => return Err(bad(format!("unknown checkpoint blob kind {k}"))),
                     };
@@ -186,7 +187,7 @@ pub(crate) fn decode(s: &[u8]) -> Result<Decoded<'_>, FormatError> {
         if !r.is_empty() {
             return Err(bad(format!("{} unexpected bytes at the end", r.remaining())));
         }
-        Ok(SlotFile { words, sections, appendix, trailing })
+        Ok(SlotFile { words, sections, recurrent, appendix, trailing })
     };
     let file = body().map_err(corrupt)?;
     Ok(Decoded { file, block_size, n_blocks })
@@ -205,8 +206,7 @@ fn get_sections<'a>(r: &mut Reader<'a>) -> Result<Vec<Section<'a>>, FormatError>
         let n_stream = r.u32("n_stream")?;
         let cell_stream = r.u32("cell_stream")?;
         let cell_ext = match r.u8("cell_ext")? {
-            0 => false,
-            1 => true,
+            k @ (0 | 1) => k == 1,
             k => return Err(bad(format!("cell_ext {k}"))),
         };
         if n_stream == 0 || n_stream > super::MAX_EMIT_STREAMS || cell_stream >= n_stream {
