@@ -10,9 +10,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
+# The whole bench command (every target started fresh) takes ~5 min on 2 idle cores; the subprocess has its
+# own 900 s bound, so pytest's per-test default (600 s) must not cut it first on a loaded machine.
+@pytest.mark.timeout(1000)
 def test_bench_smoke(tmp_path):
     out = tmp_path / "smoke.json"
     r = subprocess.run([sys.executable, "-m", "bench", "smoke", "--out", str(out)], cwd=ROOT,
