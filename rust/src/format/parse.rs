@@ -9,7 +9,7 @@
 use super::ggml::{check_rot, check_rows, check_trans};
 use super::model::*;
 use super::reader::Reader;
-use super::{FormatError, MAGIC, VERSION};
+use super::FormatError;
 
 /// "SCKP": llama-server's context-checkpoint appendix.
 pub(crate) const SCKP_MAGIC: u32 = 0x504B_4353;
@@ -18,15 +18,10 @@ pub(crate) const SCKP_VERSION: u32 = 1;
 pub(crate) const IO_MAGIC: u32 = 0xAF14_3CD8;
 
 pub(crate) fn parse_file(buf: &[u8]) -> Result<SlotFile<'_>, FormatError> {
+    // Magic, version and a token count that fits the file: the same check the file reader makes at the door.
+    super::head::check_head(buf, buf.len() as u64)?;
     let mut r = Reader::new(buf, 0);
-    let magic = r.u32("magic")?;
-    if magic != MAGIC {
-        return Err(FormatError::BadMagic { found: magic });
-    }
-    let version = r.u32("version")?;
-    if version != VERSION {
-        return Err(FormatError::BadVersion { found: version });
-    }
+    r.take(8, "magic and version")?;
     match parse_rest(r.clone(), false) {
         Ok(f) => Ok(f),
         Err(e0) => match parse_rest(r, true) {
