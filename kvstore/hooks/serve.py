@@ -90,6 +90,10 @@ class Running:
 
 
 async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before anything can be waited for: SIGTERM always exits 0
+        loop.add_signal_handler(sig, stop.set)
     app = build_app(cfg)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()  # opens the store; llama-server is awaited in the background (503 until then)
@@ -98,10 +102,6 @@ async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
     bound = site._server.sockets[0].getsockname()[1] if port == 0 else port  # type: ignore[union-attr]
     print(f"kvstore serve: listening on http://{host}:{bound} (llama-server {cfg.upstream}, store {cfg.store})",
           flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("kvstore serve: stopping: no new connections, finishing requests, saving dirty slots")
     await runner.cleanup()

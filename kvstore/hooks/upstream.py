@@ -99,22 +99,6 @@ class Upstream:
         except ValueError as e:
             raise UpstreamError(f"llama-server at {self.url} sent invalid JSON for {path}") from e
 
-    async def wait_ready(self, timeout: float = 300.0) -> dict:
-        """Poll /props until the model is loaded (503 while loading)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        warned = False
-        while True:
-            try:
-                return await self.call("GET", llama.PROPS, timeout=10)
-            except (UpstreamError, UpstreamReply) as e:  # UpstreamTimeout is an UpstreamError
-                if not warned:
-                    log.info("waiting for llama-server at %s (up to %.0f s): %s", self.url, timeout, e)
-                    warned = True
-                if loop.time() > deadline:
-                    raise UpstreamError(f"llama-server at {self.url} not ready after {timeout:.0f}s: {e}") from e
-                await asyncio.sleep(0.2)
-
     async def models(self) -> Optional[dict]:
         """GET /v1/models (None when the server does not answer it)."""
         try:
