@@ -355,6 +355,11 @@ def add_serve_args(sp) -> None:
     sp.add_argument("--idle-save", type=float, default=30.0, metavar="SECONDS",
                     help="save a dirty slot after this long idle (0: only on eviction and shutdown)")
     sp.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests that may wait for a slot")
+    sp.add_argument("--upstream-timeout", type=float, default=600.0, metavar="SECONDS",
+                    help="504 when llama-server sends no reply byte this long (a non-streamed reply's first byte "
+                         "comes when it is complete; default 600)")
+    sp.add_argument("--upstream-idle-timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="cut a reply when llama-server sends no chunk this long (default 120)")
     add_engine_args(sp.add_argument_group("embedded llama-server (ignored with --upstream)"))
     sp.add_argument("-v", "--verbose", action="store_true")
 

@@ -14,7 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kvstore.errors import (CorruptObject, FingerprintMismatch, InvalidName, KvStoreError, NameNotFound,
                             StoreFull)
-from kvstore.hooks.errors import BadRequest, NotFound, QueueFull, UpstreamError, UpstreamReply
+from kvstore.hooks.errors import (BadRequest, NotFound, QueueFull, Unavailable, UpstreamError, UpstreamReply,
+                                  UpstreamTimeout)
 from kvstore.hooks.middleware import error_middleware, reply_for
 from kvstore.hooks.naming import BadName
 
@@ -43,6 +44,8 @@ def served(exc: BaseException):
     (NameNotFound("no state named 'alice'"), 404, "not_found_error"),
     (QueueFull("all 2 slots busy and 64 requests waiting"), 503, "unavailable_error"),
     (UpstreamError("llama-server at http://x unreachable"), 502, "upstream_error"),
+    (UpstreamTimeout("llama-server at http://x sent no reply of /completion within 5 s"), 504, "timeout_error"),
+    (Unavailable("not ready: waiting for llama-server at http://x"), 503, "unavailable_error"),
     (FingerprintMismatch("model differs"), 409, "conflict_error"),
     (StoreFull("disk full"), 507, "store_full_error"),
     (CorruptObject("object 3fa2c1d0: hash mismatch"), 500, "store_error"),
@@ -54,7 +57,7 @@ def test_status_and_body(exc, status, kind):
     err = json.loads(body)["error"]
     assert err["type"] == kind
     assert err["message"] == str(exc.args[0])  # the exception's own text, unquoted (KeyError would quote it)
-    assert ("Retry-After" in headers) == isinstance(exc, QueueFull)
+    assert ("Retry-After" in headers) == isinstance(exc, (QueueFull, Unavailable))
 
 
 def test_not_found_names_the_state():

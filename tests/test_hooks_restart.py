@@ -47,6 +47,8 @@ def test_serve_command_sigterm_saves_dirty_slots(tmp_path):
 
     from hooks_support import ROOT
 
+    from kvstore.engine import wait_healthy
+
     store = tmp_path / "store"
     srv = engine("smollm2", store)
     with stack(srv):
@@ -57,6 +59,7 @@ def test_serve_command_sigterm_saves_dirty_slots(tmp_path):
             line = proc.stdout.readline()
             assert "listening on http://" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
             url = line.split("listening on ")[1].split()[0]
+            wait_healthy(url, 60, alive=lambda: proc.poll() is None)  # it listens before llama-server is checked
             r = complete(url, intro(0), name="cli-user", n_predict=2)
             assert r.kind == "miss"
             assert get(url, "/kvstore/states").json["states"] == []  # dirty, not saved yet

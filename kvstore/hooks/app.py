@@ -1,9 +1,12 @@
 """The hooks application: its configuration, its lifecycle, its route table.
 
-`build_app(cfg)` returns an aiohttp application whose cleanup context (`Hooks.context`) opens one ClientSession,
-waits for llama-server, reads its fingerprint, opens the store and the slot table, runs the idle saver, and on the
-way out saves every dirty slot. Requests go to `handlers.py`; errors become replies in `middleware.py`; what to
-restore or save is decided in `broker.py`. Wire protocol: docs/hooks.md.
+`build_app(cfg)` returns an aiohttp application whose cleanup context (`Hooks.context`) opens one ClientSession and
+the store, clears the sync directory and returns at once: the server listens while `_connect` waits for
+llama-server (until then every request is a 503 with Retry-After, and `/health` says why), then reads its
+fingerprint and builds the slot table. Background: the idle saver; the upstream watch (a restarted llama-server
+empties its slots: the table then forgets what it believed resident; the sync directory is swept of files that are
+not ours). On the way out every dirty slot is saved. Requests go to `handlers.py`; errors become replies in
+`middleware.py`; what to restore or save is decided in `broker.py`. Wire protocol: docs/hooks.md.
 """
 from __future__ import annotations
 
@@ -17,18 +20,20 @@ from typing import Optional
 import aiohttp
 from aiohttp import web
 
+from kvstore import llama
 from kvstore.config import sync_dir
 from kvstore.fingerprint import server_fingerprint
 
 from .broker import Broker
 from .handlers import CHAT_PATHS, COMPLETION_PATHS, SLOT_ONLY_PATHS, Handlers
 from .metrics import Metrics
-from .middleware import error_middleware
+from .errors import Unavailable, UpstreamError, UpstreamReply
+from .middleware import error, error_middleware
 from .slots import SlotTable
 from .store import AsyncStore
 from .syncdir import SyncDir
 from .transfer import Transfer
-from .upstream import Upstream
+from .upstream import FIRST_BYTE_TIMEOUT, IDLE_TIMEOUT, KEEPALIVE, Upstream
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -41,7 +46,10 @@ class HooksConfig:
     idle_save: float = 30.0  # seconds; <= 0 disables
     max_queue: int = 64
     fingerprint_extra: dict = field(default_factory=dict)  # added to the server fingerprint (e.g. swa_full)
-    ready_timeout: float = 300.0
+    upstream_timeout: float = FIRST_BYTE_TIMEOUT  # seconds to a reply's first byte (a non-streamed reply: all of it)
+    upstream_idle_timeout: float = IDLE_TIMEOUT  # seconds between two chunks of a reply
+    watch_period: float = 2.0  # seconds between checks for a restarted llama-server (also after connection errors)
+    sync_sweep: float = 60.0  # a foreign file in the sync dir is removed once this old (checked this often)
 
 
 class Hooks:
@@ -58,7 +66,11 @@ class Hooks:
         self.transfer: Optional[Transfer] = None
         self.broker: Optional[Broker] = None
         self.n_slots = 0
-        self._idle_task: Optional[asyncio.Task] = None
+        self.ready = asyncio.Event()
+        self.waiting_for = "starting"  # why requests are refused until `ready` (the /health reply)
+        self._tasks: list[asyncio.Task] = []
+        self._check = asyncio.Event()  # set after a connection error: check for a restarted llama-server now
+        self._epoch: dict[int, int] = {}  # slot id -> the highest id_task seen (task ids only grow in one process)
 
     @property
     def fingerprint(self) -> dict[str, str]:
@@ -69,35 +81,24 @@ class Hooks:
         return self.transfer.layout if self.transfer else None
 
     async def context(self, app: web.Application):
-        """aiohttp cleanup context: one ClientSession, the store, the slot table; save everything on the way out."""
-        # llama-server (cpp-httplib) drops idle keep-alive connections after 5 s; keep ours for less, so a pooled
-        # connection is rarely stale (Upstream also retries once when one is).
+        """aiohttp cleanup context: one ClientSession and the store now, llama-server when it answers (in the
+        background); save everything on the way out."""
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-                                             connector=aiohttp.TCPConnector(keepalive_timeout=2.0),
+                                             connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE),
                                              auto_decompress=False)
         try:
-            self.up = Upstream(self.cfg.upstream, self.session)
-            props = await self.up.wait_ready(self.cfg.ready_timeout)
-            models = await self.up.models()
-            self.n_slots = int(props.get("total_slots") or 1)
-            fp = await asyncio.to_thread(server_fingerprint, props, models)
-            fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
+            self.up = Upstream(self.cfg.upstream, self.session, first_byte=self.cfg.upstream_timeout,
+                               idle=self.cfg.upstream_idle_timeout, on_error=self._check.set)
             self.store = await AsyncStore.open(str(self.cfg.store))
-            self.sync.clean_stale()
-            self.transfer = Transfer(self.up, self.store, self.sync, self.metrics, n_slots=self.n_slots,
-                                     fingerprint=fp)
-            self.table = SlotTable(self.n_slots, save=self.transfer.save, max_queue=self.cfg.max_queue)
-            self.broker = Broker(self.up, self.store, self.transfer, self.table, self.metrics)
-            if self.cfg.idle_save > 0:
-                self._idle_task = asyncio.create_task(self._idle_loop())
-            log.info("hooks: upstream %s, %d slots, store %s, fingerprint %s", self.up.url, self.n_slots,
-                     self.cfg.store, fp)
+            self.sync.sweep()  # nothing of ours is in use yet: everything there is left over
+            self._tasks.append(asyncio.create_task(self._connect()))
             yield
         finally:
-            if self._idle_task is not None:
-                self._idle_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._idle_task
+            for t in self._tasks:
+                t.cancel()
+            for t in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
             if self.table is not None:
                 try:
                     n = await self.table.save_all()
@@ -106,6 +107,56 @@ class Hooks:
                     log.error("hooks: saving slots on shutdown failed: %s", e)
             await self.session.close()
             self.store = None
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Until llama-server has answered and the slot table is built (tests, embedding); raises if connecting
+        failed or took longer than `timeout`."""
+        connect = self._tasks[0]
+        ready = asyncio.ensure_future(self.ready.wait())
+        try:
+            await asyncio.wait([ready, connect], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if not self.ready.is_set():
+            if connect.done() and connect.exception() is not None:
+                raise connect.exception()
+            raise UpstreamError(f"not ready after {timeout:.0f} s: {self.waiting_for}")
+
+    async def _connect(self) -> None:
+        try:
+            await self._connect_once()
+        except Exception as e:  # noqa: BLE001 - reported by /health and the 503s, and logged
+            self.waiting_for = f"start-up failed: {e}"
+            log.error("hooks: %s", self.waiting_for)
+            raise
+
+    async def _connect_once(self) -> None:
+        """Wait for llama-server (as long as it takes; SIGTERM cancels), then build the slot table and go ready."""
+        first = True
+        while True:
+            try:
+                props = await self.up.call("GET", llama.PROPS, timeout=10)
+                break
+            except (UpstreamError, UpstreamReply) as e:
+                self.waiting_for = f"waiting for llama-server at {self.up.url}: {e}"
+                if first:
+                    log.warning("hooks: %s; answering 503 until it is ready", self.waiting_for)
+                    first = False
+                await asyncio.sleep(0.5)
+        models = await self.up.models()
+        self.n_slots = int(props.get("total_slots") or 1)
+        fp = await asyncio.to_thread(server_fingerprint, props, models)
+        fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
+        self.transfer = Transfer(self.up, self.store, self.sync, self.metrics, n_slots=self.n_slots, fingerprint=fp)
+        self.table = SlotTable(self.n_slots, save=self.transfer.save, max_queue=self.cfg.max_queue)
+        self.broker = Broker(self.up, self.store, self.transfer, self.table, self.metrics)
+        await self._restarted()  # the first look at the slots' task ids
+        if self.cfg.idle_save > 0:
+            self._tasks.append(asyncio.create_task(self._idle_loop()))
+        self._tasks.append(asyncio.create_task(self._watch_loop()))
+        self.ready.set()
+        log.info("hooks: upstream %s, %d slots, store %s, fingerprint %s", self.up.url, self.n_slots,
+                 self.cfg.store, fp)
 
     async def _idle_loop(self) -> None:
         period = max(0.2, min(self.cfg.idle_save / 4, 5.0))
@@ -116,14 +167,69 @@ class Hooks:
             except Exception as e:  # noqa: BLE001 - keep the loop alive
                 log.error("hooks: idle save failed: %s", e)
 
+    async def _watch_loop(self) -> None:
+        """Every `watch_period` s, and at once after a connection error: has llama-server restarted? Every
+        `sync_sweep` s: remove foreign files from the sync dir."""
+        loop = asyncio.get_running_loop()
+        next_sweep = loop.time() + self.cfg.sync_sweep
+        while True:
+            await asyncio.sleep(0.5)  # at most two checks a second, even while llama-server is down
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, self.cfg.watch_period - 0.5)):
+                    await self._check.wait()
+            self._check.clear()
+            try:
+                if await self._restarted():
+                    self.metrics.inc("upstream_restarts")
+                    for slot in self.table.slots:
+                        self.table.lost(slot)
+                    log.warning("hooks: llama-server at %s restarted: its slots are empty; names are restored from "
+                                "the store on their next request", self.up.url)
+                if loop.time() >= next_sweep:
+                    next_sweep = loop.time() + self.cfg.sync_sweep
+                    await asyncio.to_thread(self.sync.sweep, self.cfg.sync_sweep)
+            except Exception as e:  # noqa: BLE001 - keep the loop alive
+                log.error("hooks: upstream watch failed: %s", e)
+
+    async def _restarted(self) -> bool:
+        """Compare the slots' task ids (`GET /slots`; kept across save, restore and erase) with those seen before: a
+        task id never decreases within one llama-server process, so a lower one, or none where there was one, means a
+        new process whose slots are empty. Unreachable: unknown (False), checked again."""
+        try:
+            slots = await self.up.call("GET", llama.SLOTS, timeout=10)
+        except (UpstreamError, UpstreamReply) as e:
+            log.debug("hooks: restart check: %s", e)
+            return False
+        restarted = False
+        for s in slots if isinstance(slots, list) else []:
+            if not isinstance(s, dict) or not isinstance(s.get("id"), int):
+                continue
+            sid, task = s["id"], s.get("id_task")
+            task = task if isinstance(task, int) else -1  # a slot that never ran a task has no id_task
+            if task < self._epoch.get(sid, -1):
+                restarted = True
+            self._epoch[sid] = task
+        return restarted
+
 
 HOOKS = web.AppKey("hooks", Hooks)
+
+
+@web.middleware
+async def ready_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Until llama-server has answered: 503 + Retry-After for everything, `/health` saying why."""
+    hooks = request.app[HOOKS]
+    if not hooks.ready.is_set():
+        if request.path == "/health":
+            return error(503, hooks.waiting_for, "unavailable_error", headers={"Retry-After": "5"})
+        raise Unavailable(f"not ready: {hooks.waiting_for}")
+    return await handler(request)
 
 
 def build_app(cfg: HooksConfig) -> web.Application:
     hooks = Hooks(cfg)
     h = Handlers(hooks)
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[error_middleware])
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[error_middleware, ready_middleware])
     app[HOOKS] = hooks
     app.cleanup_ctx.append(hooks.context)
     r = app.router

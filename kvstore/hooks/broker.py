@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Optional
 
-from .errors import BadRequest, NotFound, NotStored, RestoreFailed, UpstreamReply
+from .errors import BadRequest, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply
 from .metrics import Metrics
 from .naming import Naming
 from .slots import Lease, SlotTable
@@ -152,9 +152,13 @@ class Broker:
             parent = None
         async with self.table.acquire(key=naming.key, parent=parent, tokens=tokens, namespace=naming.namespace,
                                       better_than=better) as lease:
-            kind, n_restored = await self.prepare(lease, naming, tokens_fn, hint, looked_up)
-            self.metrics.kind(kind)
-            yield lease, kind, n_restored
+            try:
+                kind, n_restored = await self.prepare(lease, naming, tokens_fn, hint, looked_up)
+                self.metrics.kind(kind)
+                yield lease, kind, n_restored
+            except UpstreamError:  # timed out or lost on the way: what the slot holds now is unknown
+                self.table.lost(lease.slot)
+                raise
 
     # ---- the state and slot API --------------------------------------------------------------------------------
     async def prime(self, naming: Naming, prompt: Any) -> dict:
@@ -192,11 +196,11 @@ class Broker:
             async with self.table.acquire(slot_id=other.id, relabel=False) as lease:
                 if other.key == key:
                     if other.dirty:
-                        await self.table.evict(lease)
+                        await self.table.evict(lease, strict=True)
                     self.table.forget(other)
         async with self.table.acquire(slot_id=slot_id, key=key) as lease:
             if lease.resident and lease.slot.dirty:
-                await self.table.evict(lease)
+                await self.table.evict(lease, strict=True)
             t0 = time.perf_counter()
             try:
                 r = await self.transfer.restore(lease, namespace, name=name)

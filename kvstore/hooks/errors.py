@@ -23,6 +23,15 @@ class UpstreamError(Exception):
     """llama-server could not be reached or answered garbage (502)."""
 
 
+class UpstreamTimeout(UpstreamError):
+    """llama-server did not answer (first byte) or stopped sending (idle) in time (504); the slot's state is unknown."""
+
+
+class Unavailable(Exception):
+    """The hooks cannot serve now (llama-server not ready yet, or a slot that could not be saved): 503 +
+    Retry-After."""
+
+
 class UpstreamReply(Exception):
     """llama-server answered with an error status; `status` and `body` are passed on to the client."""
 

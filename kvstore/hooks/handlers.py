@@ -16,6 +16,7 @@ from . import naming as nm
 from .broker import Once
 from .errors import BadRequest
 from .metrics import timings_from_sse_tail
+from .upstream import CUT
 
 COMPLETION_PATHS = ("/completion", "/completions", "/v1/completions")
 CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
@@ -51,6 +52,11 @@ class Handlers:
             try:
                 resp = await h.up.forward(request, path, body=json.dumps(body).encode(), extra_headers=headers,
                                           tee=seen)
+                if request.get(CUT) is not None:
+                    raise ReplyCut()  # the reply is already on its way: only the slot needs marking
+            except ReplyCut:
+                h.table.lost(slot)
+                return resp
             finally:
                 if seen.started:
                     h.table.evaluated(slot, tokens_fn.value or [])
@@ -168,6 +174,8 @@ async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Any:
         return json.loads(raw)
     except ValueError:
         raise BadRequest("request body is not valid JSON") from None
+    except RecursionError:  # the one place where a client's nesting depth meets Python's stack
+        raise BadRequest("request body is nested too deeply") from None
 
 
 def _state_key(request: web.Request) -> tuple[str, str]:
@@ -177,6 +185,10 @@ def _state_key(request: web.Request) -> tuple[str, str]:
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
+
+
+class ReplyCut(Exception):
+    """llama-server failed after the reply's headers were sent (`upstream.CUT`)."""
 
 
 class _Tee:

@@ -9,7 +9,9 @@ llama-server's (and OpenAI's) shape: `{"error": {"message", "type"}}`.
 | `NotFound`, `kvstore.errors.NameNotFound` | 404 | not_found_error |
 | `QueueFull` | 503 + `Retry-After: 1` | unavailable_error |
 | `UpstreamReply` | llama-server's status, its body passed on | - |
+| `UpstreamTimeout` | 504 | timeout_error |
 | `UpstreamError` | 502 | upstream_error |
+| `Unavailable` (llama-server not ready, a slot's save failed) | 503 + `Retry-After: 5` | unavailable_error |
 | `kvstore.errors.FingerprintMismatch` | 409 | conflict_error |
 | `kvstore.errors.StoreFull` | 507 | store_full_error |
 | any other `kvstore.errors.KvStoreError` | 500 | store_error |
@@ -26,7 +28,7 @@ from aiohttp import web
 
 from kvstore.errors import FingerprintMismatch, InvalidName, KvStoreError, NameNotFound, StoreFull, error_message
 
-from .errors import BadRequest, NotFound, QueueFull, UpstreamError, UpstreamReply
+from .errors import BadRequest, NotFound, QueueFull, Unavailable, UpstreamError, UpstreamReply, UpstreamTimeout
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -37,6 +39,8 @@ STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = (
     (NotFound, 404, "not_found_error", None),
     (NameNotFound, 404, "not_found_error", None),
     (QueueFull, 503, "unavailable_error", {"Retry-After": "1"}),
+    (Unavailable, 503, "unavailable_error", {"Retry-After": "5"}),
+    (UpstreamTimeout, 504, "timeout_error", None),
     (UpstreamError, 502, "upstream_error", None),
     (FingerprintMismatch, 409, "conflict_error", None),
     (StoreFull, 507, "store_full_error", None),
@@ -55,7 +59,7 @@ def reply_for(e: BaseException) -> Optional[web.Response]:
         return web.Response(status=e.status, body=e.body, content_type="application/json")
     for cls, status, kind, headers in STATUSES:
         if isinstance(e, cls):
-            if status >= 500 and not isinstance(e, (QueueFull, UpstreamError)):
+            if status >= 500 and not isinstance(e, (QueueFull, Unavailable, UpstreamError)):
                 log.error("%s %s", type(e).__name__, e)
             return error(status, error_message(e), kind, headers=headers)
     return None

@@ -7,6 +7,7 @@ on a background thread (tests, embedding). `python -m kvstore.hooks.serve ARGS` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -35,7 +36,7 @@ def start_engine(args):
 class Running:
     """A hooks server on its own event loop in a background thread (tests, embedding in other programs)."""
 
-    def __init__(self, cfg: HooksConfig, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, cfg: HooksConfig, host: str = "127.0.0.1", port: int = 0, *, wait: float = 300.0):
         self.cfg, self.host, self.port = cfg, host, port
         self.loop = asyncio.new_event_loop()
         self.app = build_app(cfg)
@@ -44,10 +45,14 @@ class Running:
         self._thread.start()
         try:
             self._call(self._start())
+            self.url = f"http://{self.host}:{self.port}"
+            if wait:  # 0: return while it still waits for llama-server (answering 503)
+                self._call(self.hooks.wait_ready(wait))
         except BaseException:
+            with contextlib.suppress(Exception):
+                self._call(self.runner.cleanup(), 60)
             self.loop.call_soon_threadsafe(self.loop.stop)
             raise
-        self.url = f"http://{self.host}:{self.port}"
 
     @property
     def hooks(self):
@@ -85,18 +90,18 @@ class Running:
 
 
 async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before anything can be waited for: SIGTERM always exits 0
+        loop.add_signal_handler(sig, stop.set)
     app = build_app(cfg)
     runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()  # connects to llama-server, opens the store
+    await runner.setup()  # opens the store; llama-server is awaited in the background (503 until then)
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if port == 0 else port  # type: ignore[union-attr]
     print(f"kvstore serve: listening on http://{host}:{bound} (llama-server {cfg.upstream}, store {cfg.store})",
           flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("kvstore serve: stopping: no new connections, finishing requests, saving dirty slots")
     await runner.cleanup()
@@ -123,7 +128,8 @@ def run(args) -> int:
             engine = start_engine(args)
             upstream = engine.url
         cfg = HooksConfig(upstream=upstream, store=Path(args.store), name_from_user=args.name_from_user,
-                          idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra)
+                          idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra,
+                          upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout)
         asyncio.run(_serve(cfg, args.host, args.port))
     except KeyboardInterrupt:
         pass

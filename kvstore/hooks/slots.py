@@ -18,6 +18,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from .slot import Key, Lease, QueueFull, Slot, common_prefix  # noqa: F401 - re-exported
 
+# The broker imports this module; errors has no imports of ours but slot's.
+from .errors import Unavailable  # noqa: E402
+
+
+class SaveFailed(Unavailable):
+    """A dirty slot could not be saved before reuse (it keeps its state)."""
+
 log = logging.getLogger("kvstore.hooks")
 
 class SlotTable:
@@ -67,7 +74,10 @@ class SlotTable:
         return min(idle, key=lambda s: (not s.empty, s.last_used, s.id))
 
     def _pick(self, key: Optional[Key], parent: Optional[Key], tokens: Optional[Sequence[int]],
-              slot_id: Optional[int], better_than: int, namespace: str = "") -> Optional[Lease]:
+              slot_id: Optional[int], better_than: int, namespace: str = "", avoid: frozenset = frozenset()
+              ) -> Optional[Lease]:
+        """A lease on a free slot, or None (wait). avoid: slots whose dirty state failed to save for this request;
+        when only they are free, raise Unavailable rather than reuse them without their state."""
         if slot_id is not None:
             s = self.slots[slot_id]
             return None if s.busy else Lease(s, resident=key is not None and s.key == key)
@@ -76,11 +86,14 @@ class SlotTable:
             if r is not None:
                 # Wait for it rather than fork a second copy of the same name.
                 return None if r.busy else Lease(r, resident=True)
-        idle = self._idle()
+        idle = [s for s in self._idle() if s.id not in avoid]
         if not idle:
+            if any(not s.busy for s in self.slots):
+                raise Unavailable(f"no slot free: saving the state in slot(s) {sorted(avoid)} failed (it is kept "
+                                  "there and saved again later)")
             return None
         p = self.resident(parent)
-        if p is not None and not p.busy:
+        if p is not None and not p.busy and p.id not in avoid:
             return Lease(p, parent_resident=True)
         # Only a slot holding content of the same namespace is reused in place: tenants never share KV cells
         # (nor learn, from cache_n, what another tenant's prompt began with).
@@ -116,11 +129,54 @@ class SlotTable:
         slot's state (save it first if dirty) and
         label the slot with `key`; False leaves the slot's label alone (raw save, idle save).
         """
-        lease: Optional[Lease] = None
-        while lease is None:
-            lease = self._pick(key, parent, tokens, slot_id, better_than, namespace)
+        avoid: set[int] = set()
+        while True:
+            lease = await self._wait_pick(key, parent, tokens, slot_id, better_than, namespace, frozenset(avoid))
+            slot = lease.slot
+            lease.table = self
+            # The lock is free (checked by _pick in this same step), so this does not suspend.
+            await slot.lock.acquire()
+            try:
+                if relabel and not lease.resident and slot.dirty and slot.key != key:
+                    await self.evict(lease, strict=True)
+            except SaveFailed:
+                # Never reuse a slot without its state: it keeps its label and stays dirty; try another one.
+                self._release(slot)
+                if slot_id is not None:
+                    raise Unavailable(f"slot {slot_id}: saving its state {slot.key} failed; try again") from None
+                avoid.add(slot.id)
+                continue
+            except BaseException:
+                self._finish(lease)
+                raise
+            break
+        try:
+            if relabel and not lease.resident:
+                slot.hold(key, parent=parent[1] if lease.parent_resident and parent else None)
+                if lease.parent_resident and key is None:
+                    slot.parent = None
+                if key is None:  # unnamed content still belongs to the requester's namespace
+                    slot.namespace = namespace
+            yield lease
+        finally:
+            self._finish(lease)
+
+    def _finish(self, lease: Lease) -> None:
+        slot = lease.slot
+        pending = [t for t in lease._tasks if not t.done()]
+        if pending:
+            # A cancelled handler left a save/restore running: keep the slot locked until it ends.
+            log.warning("slot %d: handler left with a save/restore running; releasing when it ends", slot.id)
+            waiter = asyncio.ensure_future(asyncio.wait(pending))
+            waiter.add_done_callback(lambda _f, s=slot: self._release(s))
+        else:
+            self._release(slot)
+
+    async def _wait_pick(self, key, parent, tokens, slot_id, better_than, namespace, avoid) -> Lease:
+        while True:
+            lease = self._pick(key, parent, tokens, slot_id, better_than, namespace, avoid)
             if lease is not None:
-                break
+                return lease
             if len(self._waiters) >= self.max_queue:
                 raise QueueFull(f"all {len(self.slots)} slots busy and {len(self._waiters)} requests waiting")
             fut = asyncio.get_running_loop().create_future()
@@ -129,39 +185,20 @@ class SlotTable:
                 await fut
             finally:
                 self._waiters.remove(fut)
-        slot = lease.slot
-        lease.table = self
-        # The lock is free (checked by _pick in this same step), so this does not suspend.
-        await slot.lock.acquire()
-        try:
-            if relabel and not lease.resident:
-                if slot.dirty and slot.key != key:
-                    await self.evict(lease)
-                slot.hold(key, parent=parent[1] if lease.parent_resident and parent else None)
-                if lease.parent_resident and key is None:
-                    slot.parent = None
-                if key is None:  # unnamed content still belongs to the requester's namespace
-                    slot.namespace = namespace
-            yield lease
-        finally:
-            pending = [t for t in lease._tasks if not t.done()]
-            if pending:
-                # A cancelled handler left a save/restore running: keep the slot locked until it ends.
-                log.warning("slot %d: handler left with a save/restore running; releasing when it ends", slot.id)
-                waiter = asyncio.ensure_future(asyncio.wait(pending))
-                waiter.add_done_callback(lambda _f, s=slot: self._release(s))
-            else:
-                self._release(slot)
 
-    async def evict(self, lease: Lease) -> None:
-        """Save the slot's dirty state into the store (shielded); a failure is logged, never raised."""
+    async def evict(self, lease: Lease, *, strict: bool = False) -> None:
+        """Save the slot's dirty state into the store (shielded). On failure the slot stays dirty and labelled (a
+        later idle save, eviction or shutdown tries again); strict raises SaveFailed, else it is only logged."""
         slot = lease.slot
         try:
             await lease.shielded(self._save(slot))
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the store keeps its previous state of that name
-            log.error("slot %d: saving %r before reuse failed: %s", slot.id, slot.key, e)
+        except Exception as e:  # the store keeps its previous state of that name; the slot keeps the new one
+            log.error("slot %d: saving %r failed, kept in the slot to save again later: %s", slot.id, slot.key, e)
+            if strict:
+                raise SaveFailed(str(e)) from e
+            return
         slot.dirty = False
 
     # ---- background ---------------------------------------------------------------------------------------------
@@ -221,6 +258,15 @@ class SlotTable:
 
     def cleared(self, slot: Slot) -> None:
         """llama-server emptied the slot (failed restore): keep the label, forget the content."""
+        slot.clear()
+
+    def lost(self, slot: Slot) -> None:
+        """llama-server failed while working on the slot (timeout, connection lost, restarted): its content is
+        unknown. No label (it is never saved under a name), no tokens (never reused in place); the namespace stays."""
+        if slot.name is not None or slot.tokens:
+            log.warning("slot %d: state unknown after an upstream failure; %r is no longer resident (unsaved "
+                        "changes are lost)", slot.id, slot.key)
+        slot.name, slot.parent = None, None
         slot.clear()
 
     def erased(self, slot: Slot) -> None:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from kvstore import llama
 
-from .errors import UpstreamError, UpstreamReply
+from .errors import UpstreamError, UpstreamReply, UpstreamTimeout
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -34,9 +34,18 @@ def request_headers(headers, *, keep_length: bool = False) -> dict[str, str]:
             and not k.lower().startswith("x-kv-")}
 
 
-# A pooled connection that the server closed while idle fails like this before any byte of the reply: the request
-# never reached llama-server, so sending it again on a fresh connection is safe.
-STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)
+# A pooled connection that the server closed while idle fails like this before any byte of the reply (the server
+# disconnected, the connection was reset, or "Can not write request body": aiohttp.ClientOSError): the request never
+# reached llama-server, so sending it again on a fresh connection is safe. Timeouts are not among them.
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
+ATTEMPTS = 3
+# llama-server (cpp-httplib) drops idle keep-alive connections after 5 s: ours are dropped well before.
+KEEPALIVE = 2.0
+# Defaults of --upstream-timeout and --upstream-idle-timeout. A non-streamed reply's first byte comes only when the
+# whole generation is done, so the first-byte bound is generous; the idle bound is the longest gap between chunks.
+FIRST_BYTE_TIMEOUT = 600.0
+IDLE_TIMEOUT = 120.0
+CUT = "kvstore.reply_cut"  # request key: the UpstreamError that cut a reply whose headers were already sent
 # Request bodies up to this size are read before forwarding, so they can be sent again on a stale connection.
 REPLAYABLE_BODY = 1 << 20
 
@@ -46,49 +55,49 @@ def reply_headers(headers) -> dict[str, str]:
 
 
 class Upstream:
-    def __init__(self, url: str, session: aiohttp.ClientSession):
+    def __init__(self, url: str, session: aiohttp.ClientSession, *, first_byte: float = FIRST_BYTE_TIMEOUT,
+                 idle: float = IDLE_TIMEOUT, on_error: Optional[callable] = None):
         self.url = url.rstrip("/")
         self.session = session
+        self.first_byte, self.idle = first_byte, idle
+        self.on_error = on_error  # called (no arguments) after a connection error: a restarted server is checked
+
+    def _unreachable(self, e: BaseException) -> UpstreamError:
+        if self.on_error is not None:
+            self.on_error()
+        return UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}")
+
+    def _timeout(self, path: str, what: str, seconds: float) -> UpstreamTimeout:
+        return UpstreamTimeout(f"llama-server at {self.url} sent {what} of {path} within {seconds:g} s "
+                               f"(frozen or overloaded?); the slot's state is unknown and was released")
 
     async def call(self, method: str, path: str, body: Any = None, *, timeout: Optional[float] = None) -> Any:
-        """A small JSON call; raises UpstreamError (unreachable) or UpstreamReply (error status)."""
+        """A small JSON call; raises UpstreamError (unreachable), UpstreamTimeout (no complete reply within
+        `timeout`, default the first-byte timeout) or UpstreamReply (error status)."""
         kw: dict[str, Any] = {}
         if body is not None:
             kw["json"] = body
-        if timeout is not None:
-            kw["timeout"] = aiohttp.ClientTimeout(total=timeout)
-        for attempt in (1, 2):
+        limit = self.first_byte if timeout is None else timeout
+        for attempt in range(1, ATTEMPTS + 1):
             try:
-                async with self.session.request(method, self.url + path, **kw) as r:
-                    data = await r.read()
-                    if r.status >= 400:
-                        raise UpstreamReply(r.status, data)
+                async with asyncio.timeout(limit):
+                    async with self.session.request(method, self.url + path, **kw) as r:
+                        data = await r.read()
+                        if r.status >= 400:
+                            raise UpstreamReply(r.status, data)
                 break
+            except TimeoutError as e:
+                raise self._timeout(path, "no reply", limit) from e
             except STALE_CONNECTION as e:
-                if attempt == 2:
-                    raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
+                if attempt == ATTEMPTS:
+                    raise self._unreachable(e) from e
+                log.debug("%s %s: resent after %s", method, path, e)
+            except (aiohttp.ClientError, OSError) as e:
+                raise self._unreachable(e) from e
         try:
             return json.loads(data) if data else None
         except ValueError as e:
             raise UpstreamError(f"llama-server at {self.url} sent invalid JSON for {path}") from e
-
-    async def wait_ready(self, timeout: float = 300.0) -> dict:
-        """Poll /props until the model is loaded (503 while loading)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        warned = False
-        while True:
-            try:
-                return await self.call("GET", llama.PROPS, timeout=10)
-            except (UpstreamError, UpstreamReply) as e:
-                if not warned:
-                    log.info("waiting for llama-server at %s (up to %.0f s): %s", self.url, timeout, e)
-                    warned = True
-                if loop.time() > deadline:
-                    raise UpstreamError(f"llama-server at {self.url} not ready after {timeout:.0f}s: {e}") from e
-                await asyncio.sleep(0.2)
 
     async def models(self) -> Optional[dict]:
         """GET /v1/models (None when the server does not answer it)."""
@@ -114,6 +123,15 @@ class Upstream:
     async def slot_action(self, slot_id: int, action: str, filename: Optional[str] = None) -> dict:
         return await self.call("POST", llama.slot_path(slot_id, action), llama.slot_body(filename)) or {}
 
+    def _cut(self, request: web.Request, resp: web.StreamResponse, e: UpstreamError) -> web.StreamResponse:
+        """llama-server failed after the reply's headers were sent: nothing can be changed but the end. Log one
+        line, close the client's connection after what was sent, and note the failure for the handler
+        (`request[CUT]`: the slot's state is unknown)."""
+        log.error("%s %s: reply cut: %s", request.method, request.path, e)
+        request[CUT] = e
+        resp.force_close()
+        return resp
+
     async def forward(self, request: web.Request, path: str, *, body: Optional[bytes] = None,
                       extra_headers: Optional[dict] = None, tee: Optional[callable] = None) -> web.StreamResponse:
         """Stream `request` to llama-server and its reply back, chunk by chunk.
@@ -131,32 +149,44 @@ class Upstream:
         headers = request_headers(request.headers, keep_length=streamed)
         if body is not None and content_type:
             headers["Content-Type"] = content_type
-        for attempt in (1, 2):
+        for attempt in range(1, ATTEMPTS + 1):
             data: Any = body if body is not None else (request.content.iter_any() if streamed else None)
             try:
-                upstream = await self.session.request(request.method, self.url + path, params=request.query,
-                                                      headers=headers, data=data,
-                                                      timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+                async with asyncio.timeout(self.first_byte):
+                    upstream = await self.session.request(request.method, self.url + path, params=request.query,
+                                                          headers=headers, data=data)
                 break
+            except TimeoutError as e:
+                raise self._timeout(path, "no reply", self.first_byte) from e
             except STALE_CONNECTION as e:
-                if attempt == 2 or streamed:  # a streamed body is consumed: it cannot be sent again
-                    raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                raise UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}") from e
+                if attempt == ATTEMPTS or streamed:  # a streamed body is consumed: it cannot be sent again
+                    raise self._unreachable(e) from e
+                log.debug("%s %s: resent after %s", request.method, path, e)
+            except (aiohttp.ClientError, OSError) as e:
+                raise self._unreachable(e) from e
         async with upstream:
             resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                       headers=reply_headers(upstream.headers))
             if extra_headers:
                 resp.headers.update(extra_headers)
-            await resp.prepare(request)
             try:
-                async for chunk in upstream.content.iter_any():
+                await resp.prepare(request)
+                chunks = upstream.content.iter_any().__aiter__()
+                while True:
+                    try:
+                        async with asyncio.timeout(self.idle):
+                            chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        return self._cut(request, resp, self._timeout(path, "no further chunk", self.idle))
+                    except (aiohttp.ClientError, OSError) as e:
+                        return self._cut(request, resp, self._unreachable(e))
                     if tee is not None:
                         tee(chunk)
                     await resp.write(chunk)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                # Headers are gone: all we can do is log and cut the reply.
-                log.error("%s %s: upstream failed mid-reply: %s", request.method, path, e)
-                raise
-            await resp.write_eof()
+                await resp.write_eof()
+            except ConnectionResetError as e:  # aiohttp's ClientConnectionResetError too: the client left first
+                log.info("%s %s: client disconnected before the reply was complete (%s)", request.method, path,
+                         e or type(e).__name__)
             return resp
