@@ -110,6 +110,7 @@ def test_restarted_upstream_is_detected_and_names_restored(tmp_path):
             r = post(hk.url, "/kvstore/states/returning", {"prompt": text})
             assert r.status == 200, r.body
             assert complete(hk.url, text + "User: Hi\nAssistant:", name="returning", n_predict=2).kind == "slot"
+            time.sleep(2)  # the watch checks within ~0.5 s of a reply; leave it time on a loaded machine
             port = up.port
             up.close()
             up = External(store, tmp_path / "llama2.log", port=port)

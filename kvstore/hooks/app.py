@@ -191,6 +191,10 @@ class Hooks:
             except Exception as e:  # noqa: BLE001 - keep the loop alive
                 log.error("hooks: upstream watch failed: %s", e)
 
+    def check_upstream_soon(self) -> None:
+        """Ask the watch loop for a restart check now (it runs at most twice a second)."""
+        self._check.set()
+
     async def _restarted(self) -> bool:
         """Compare the slots' task ids (`GET /slots`; kept across save, restore and erase) with those seen before: a
         task id never decreases within one llama-server process, so a lower one, or none where there was one, means a

@@ -60,6 +60,8 @@ class Handlers:
             finally:
                 if seen.started:
                     h.table.evaluated(slot, tokens_fn.value or [])
+                    # Let the restart watch see this task's id soon: a restart right after it is then noticed.
+                    h.check_upstream_soon()
                     # Counted even when the client hung up after the last chunk (write_eof then fails).
                     h.metrics.evaluated(kind, seen.timings(), n_restored)
             return resp
