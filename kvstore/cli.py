@@ -347,6 +347,17 @@ def add_serve_args(sp) -> None:
     sp.add_argument("--idle-save", type=float, default=30.0, metavar="SECONDS",
                     help="save a dirty slot after this long idle (0: only on eviction and shutdown)")
     sp.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests that may wait for a slot")
+    t = sp.add_argument_group("tenants (docs/hooks.md; without keys the server is single-tenant)")
+    t.add_argument("--api-key", action="append", metavar="KEY",
+                   help="a key clients must send (Authorization: Bearer KEY); its namespace is key-<hash> (repeatable)")
+    t.add_argument("--api-key-file", action="append", metavar="FILE",
+                   help="keys, one per line: KEY [NAMESPACE|-] [admin,namespace-header] (repeatable)")
+    t.add_argument("--admin-api-key", action="append", metavar="KEY",
+                   help="a key that sees every namespace in stats and lists and may use any slot (repeatable)")
+    t.add_argument("--allow-namespace-header", action="store_true",
+                   help="let every key choose its namespace with X-KV-Namespace (a trusted front proxy)")
+    t.add_argument("--upstream-api-key", metavar="KEY",
+                   help="the external llama-server's own --api-key (the embedded one gets a random key)")
     add_engine_args(sp.add_argument_group("embedded llama-server (ignored with --upstream)"))
     sp.add_argument("-v", "--verbose", action="store_true")
 

@@ -20,10 +20,12 @@ from aiohttp import web
 from kvstore.config import sync_dir
 from kvstore.fingerprint import server_fingerprint
 
+from .auth import Tenancy
 from .broker import Broker
-from .handlers import CHAT_PATHS, COMPLETION_PATHS, SLOT_ONLY_PATHS, Handlers
+from .handlers import Handlers
 from .metrics import Metrics
 from .middleware import error_middleware
+from .routes import CHAT_PATHS, COMPLETION_PATHS, PASSTHROUGH_GET, PASSTHROUGH_POST, SLOT_ONLY_PATHS, gate
 from .slots import SlotTable
 from .store import AsyncStore
 from .syncdir import SyncDir
@@ -42,6 +44,9 @@ class HooksConfig:
     max_queue: int = 64
     fingerprint_extra: dict = field(default_factory=dict)  # added to the server fingerprint (e.g. swa_full)
     ready_timeout: float = 300.0
+    tenancy: Tenancy = field(default_factory=Tenancy)  # API keys -> namespaces; none: single-tenant
+    upstream_api_key: Optional[str] = None  # llama-server's own --api-key (the embedded server's is random)
+    embedded: bool = False  # the upstream is kvstore serve's own (its prompt cache is off when keys are set)
 
 
 class Hooks:
@@ -76,7 +81,8 @@ class Hooks:
                                              connector=aiohttp.TCPConnector(keepalive_timeout=2.0),
                                              auto_decompress=False)
         try:
-            self.up = Upstream(self.cfg.upstream, self.session)
+            self.up = Upstream(self.cfg.upstream, self.session, api_key=self.cfg.upstream_api_key,
+                               strip_client_key=self.cfg.tenancy.enabled)
             props = await self.up.wait_ready(self.cfg.ready_timeout)
             models = await self.up.models()
             self.n_slots = int(props.get("total_slots") or 1)
@@ -86,12 +92,14 @@ class Hooks:
             self.sync.clean_stale()
             self.transfer = Transfer(self.up, self.store, self.sync, self.metrics, n_slots=self.n_slots,
                                      fingerprint=fp)
-            self.table = SlotTable(self.n_slots, save=self.transfer.save, max_queue=self.cfg.max_queue)
+            self.table = SlotTable(self.n_slots, save=self.transfer.save, max_queue=self.cfg.max_queue,
+                                   erase=lambda s: self.up.slot_action(s.id, "erase"))
             self.broker = Broker(self.up, self.store, self.transfer, self.table, self.metrics)
             if self.cfg.idle_save > 0:
                 self._idle_task = asyncio.create_task(self._idle_loop())
             log.info("hooks: upstream %s, %d slots, store %s, fingerprint %s", self.up.url, self.n_slots,
                      self.cfg.store, fp)
+            self._log_tenancy(props)
             yield
         finally:
             if self._idle_task is not None:
@@ -106,6 +114,21 @@ class Hooks:
                     log.error("hooks: saving slots on shutdown failed: %s", e)
             await self.session.close()
             self.store = None
+
+    def _log_tenancy(self, props: dict) -> None:
+        t = self.cfg.tenancy
+        if not t.enabled:
+            log.warning("hooks: single-tenant: no API keys, every client is trusted and may use any namespace "
+                        "(--api-key / --api-key-file for tenants)")
+            return
+        log.info("hooks: %d API key(s); namespace header %s", t.describe()["n_keys"], t.describe()["namespace_header"])
+        # llama-server's host prompt cache is keyed by tokens, not tenants: a guessed prefix would be served warm.
+        # Its /props does not say whether the cache is on, so an external server can only be warned about.
+        cache = props.get("cache_ram_mib", props.get("cache_ram"))
+        if not self.cfg.embedded and cache != 0:
+            log.warning("hooks: llama-server's host prompt cache (cache_ram %s) would serve one tenant's cached "
+                        "prefix to another: start the external llama-server with --cache-ram 0",
+                        "unknown" if cache is None else cache)
 
     async def _idle_loop(self) -> None:
         period = max(0.2, min(self.cfg.idle_save / 4, 5.0))
@@ -123,7 +146,7 @@ HOOKS = web.AppKey("hooks", Hooks)
 def build_app(cfg: HooksConfig) -> web.Application:
     hooks = Hooks(cfg)
     h = Handlers(hooks)
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[error_middleware])
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[error_middleware, gate(cfg.tenancy)])
     app[HOOKS] = hooks
     app.cleanup_ctx.append(hooks.context)
     r = app.router
@@ -136,5 +159,8 @@ def build_app(cfg: HooksConfig) -> web.Application:
     r.add_delete("/kvstore/states/{name}", h.state_delete)
     r.add_get("/kvstore/stats", h.stats)
     r.add_get("/metrics", h.prometheus)
-    r.add_route("*", "/{tail:.*}", h.passthrough)
+    for p in PASSTHROUGH_GET:  # the allowlist (routes.py) is checked on the raw path before routing
+        r.add_get(p, h.passthrough, allow_head=False)
+    for p in PASSTHROUGH_POST:
+        r.add_post(p, h.passthrough)
     return app

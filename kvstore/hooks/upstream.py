@@ -46,13 +46,18 @@ def reply_headers(headers) -> dict[str, str]:
 
 
 class Upstream:
-    def __init__(self, url: str, session: aiohttp.ClientSession):
+    def __init__(self, url: str, session: aiohttp.ClientSession, *, api_key: Optional[str] = None,
+                 strip_client_key: bool = False):
+        """api_key: llama-server's own --api-key, sent on every call in place of the client's. strip_client_key:
+        never pass a client's Authorization on (with tenant keys it is kvstore's key, not llama-server's)."""
         self.url = url.rstrip("/")
         self.session = session
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.strip_client_key = strip_client_key or bool(api_key)
 
     async def call(self, method: str, path: str, body: Any = None, *, timeout: Optional[float] = None) -> Any:
         """A small JSON call; raises UpstreamError (unreachable) or UpstreamReply (error status)."""
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"headers": self.auth}
         if body is not None:
             kw["json"] = body
         if timeout is not None:
@@ -129,6 +134,9 @@ class Upstream:
             content_type = "application/json"
         streamed = body is None and request.body_exists
         headers = request_headers(request.headers, keep_length=streamed)
+        if self.strip_client_key:
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        headers.update(self.auth)
         if body is not None and content_type:
             headers["Content-Type"] = content_type
         for attempt in (1, 2):
