@@ -360,6 +360,17 @@ def add_serve_args(sp) -> None:
                          "comes when it is complete; default 600)")
     sp.add_argument("--upstream-idle-timeout", type=float, default=120.0, metavar="SECONDS",
                     help="cut a reply when llama-server sends no chunk this long (default 120)")
+    t = sp.add_argument_group("tenants (docs/hooks.md; without keys the server is single-tenant)")
+    t.add_argument("--api-key", action="append", metavar="KEY",
+                   help="a key clients must send (Authorization: Bearer KEY); its namespace is key-<hash> (repeatable)")
+    t.add_argument("--api-key-file", action="append", metavar="FILE",
+                   help="keys, one per line: KEY [NAMESPACE|-] [admin,namespace-header] (repeatable)")
+    t.add_argument("--admin-api-key", action="append", metavar="KEY",
+                   help="a key that sees every namespace in stats and lists and may use any slot (repeatable)")
+    t.add_argument("--allow-namespace-header", action="store_true",
+                   help="let every key choose its namespace with X-KV-Namespace (a trusted front proxy)")
+    t.add_argument("--upstream-api-key", metavar="KEY",
+                   help="the external llama-server's own --api-key (the embedded one gets a random key)")
     add_engine_args(sp.add_argument_group("embedded llama-server (ignored with --upstream)"))
     sp.add_argument("-v", "--verbose", action="store_true")
 

@@ -59,6 +59,7 @@ class EngineConfig:
     ubatch_size: int = 512  # -ub
     threads: int = 0  # -t (0 = llama.cpp default)
     ctx_checkpoints: int = 32  # --ctx-checkpoints
+    api_key: Optional[str] = None  # --api-key: then only /health and /v1/models answer without it
     extra: dict = field(default_factory=dict)  # other CommonParams attributes, set verbatim
 
 
@@ -87,6 +88,8 @@ class EmbeddedServer:
         p.swa_full = cfg.swa_full
         p.kv_unified = cfg.kv_unified
         p.n_ctx_checkpoints = cfg.ctx_checkpoints
+        if cfg.api_key:
+            p.api_keys = [cfg.api_key]
         p.flash_attn_type = getattr(x.llama_flash_attn_type, _FA[cfg.flash_attn])
         p.cache_type_k = getattr(x.ggml_type, _TYPES[cfg.cache_type_k])
         p.cache_type_v = getattr(x.ggml_type, _TYPES[cfg.cache_type_v])

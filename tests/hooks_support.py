@@ -27,10 +27,11 @@ THREADS = int(os.environ.get("KVSTORE_TEST_THREADS", "0"))
 
 
 def engine(model: str, store: Optional[Path] = None, *, parallel: int = 2, cache_ram: int = 0,
-           ctx: int = CTX) -> EmbeddedServer:
+           ctx: int = CTX, api_key: Optional[str] = None) -> EmbeddedServer:
     """An embedded llama-server; with `store`, its --slot-save-path is <store>/sync."""
     cfg = EngineConfig(model=str(MODEL_PATHS[model]()), parallel=parallel, ctx_size=ctx, cache_ram=cache_ram,
-                       slot_save_path=str(sync_dir(store)) if store is not None else None, threads=THREADS)
+                       slot_save_path=str(sync_dir(store)) if store is not None else None, threads=THREADS,
+                       api_key=api_key)
     srv = EmbeddedServer(cfg)
     wait_healthy(srv.url)
     return srv

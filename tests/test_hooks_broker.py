@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.errors import NameNotFound
+from kvstore.hooks.auth import Caller
 from kvstore.hooks.broker import Broker, Once
 from kvstore.hooks.errors import BadRequest, NotFound, UpstreamReply
 from kvstore.hooks.metrics import Metrics
@@ -222,8 +223,8 @@ def test_state_api_not_found_and_failed_raw_restore(tmp_path):
     with pytest.raises(NotFound):
         asyncio.run(broker.delete("", "nope"))
     with pytest.raises(NotFound):
-        asyncio.run(broker.restore_raw(0, "", "nope"))
+        asyncio.run(broker.restore_raw(0, Caller(""), "nope"))
     up.refuse = True
     with pytest.raises(BadRequest, match="restore of 'kept' failed"):
-        asyncio.run(broker.restore_raw(1, "", "kept"))
+        asyncio.run(broker.restore_raw(1, Caller(""), "kept"))
     assert asyncio.run(broker.info("", "kept"))["resident_slot"] == 1

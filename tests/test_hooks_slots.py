@@ -108,6 +108,7 @@ def test_unnamed_prefers_best_prefix_unless_store_is_better():
     async def go():
         t, saved, clock = make()
         t.slots[0].tokens = [1, 2, 3, 4]
+        t.slots[0].owner = t.slots[1].owner = ""  # content of the default namespace
         t.slots[0].last_used = 5
         t.slots[1].tokens = [9, 9]
         t.slots[1].last_used = 1
@@ -218,4 +219,38 @@ def test_in_place_reuse_stays_inside_a_namespace():
             assert l.lcp == 0 and l.slot.id != first  # the other tenant's slot is not a prefix source
         async with t.acquire(tokens=prompt + [7], namespace="tenant-a") as l:
             assert l.slot.id == first and l.lcp == 100
+    run(go())
+
+
+def test_other_namespace_gets_the_slot_erased_after_its_save():
+    events = []
+
+    async def save(slot):
+        events.append(("save", slot.id, slot.key))
+
+    async def erase(slot):
+        events.append(("erase", slot.id, slot.owner))
+
+    async def go():
+        t = SlotTable(1, save=save, erase=erase)
+        async with t.acquire(key=("a", "x")) as l:
+            t.evaluated(l.slot, [1, 2, 3])
+        async with t.acquire(tokens=[1, 2, 3, 4], namespace="a") as l:  # same namespace: reused in place
+            assert l.lcp == 3
+        assert events == [("save", 0, ("a", "x"))]
+        async with t.acquire(tokens=[1, 2, 3, 4], namespace="b") as l:  # another: erased, nothing reused
+            assert l.lcp == 0 and l.slot.owner == "b" and l.slot.tokens == []
+        assert events[1:] == [("erase", 0, "a")]
+        async with t.acquire(tokens=[5], namespace="b"):
+            pass
+        assert len(events) == 2  # b's own content: no erase
+
+        def refuse(slot):
+            raise PermissionError(slot.id)
+
+        with pytest.raises(PermissionError):
+            async with t.acquire(slot_id=0, guard=refuse):
+                pass
+        assert not t.slots[0].busy  # a refused lease releases the slot
+
     run(go())

@@ -24,11 +24,13 @@ from kvstore import llama
 from kvstore.config import sync_dir
 from kvstore.fingerprint import server_fingerprint
 
+from .auth import Tenancy
 from .broker import Broker
-from .handlers import CHAT_PATHS, COMPLETION_PATHS, SLOT_ONLY_PATHS, Handlers
+from .handlers import Handlers
 from .metrics import Metrics
 from .errors import Unavailable, UpstreamError, UpstreamReply
 from .middleware import error, error_middleware
+from .routes import CHAT_PATHS, COMPLETION_PATHS, PASSTHROUGH_GET, PASSTHROUGH_POST, SLOT_ONLY_PATHS, gate
 from .slots import SlotTable
 from .store import AsyncStore
 from .syncdir import SyncDir
@@ -50,6 +52,9 @@ class HooksConfig:
     upstream_idle_timeout: float = IDLE_TIMEOUT  # seconds between two chunks of a reply
     watch_period: float = 2.0  # seconds between checks for a restarted llama-server (also after connection errors)
     sync_sweep: float = 60.0  # a foreign file in the sync dir is removed once this old (checked this often)
+    tenancy: Tenancy = field(default_factory=Tenancy)  # API keys -> namespaces; none: single-tenant
+    upstream_api_key: Optional[str] = None  # llama-server's own --api-key (the embedded server's is random)
+    embedded: bool = False  # the upstream is kvstore serve's own (its prompt cache is off when keys are set)
 
 
 class Hooks:
@@ -88,7 +93,8 @@ class Hooks:
                                              auto_decompress=False)
         try:
             self.up = Upstream(self.cfg.upstream, self.session, first_byte=self.cfg.upstream_timeout,
-                               idle=self.cfg.upstream_idle_timeout, on_error=self._check.set)
+                               idle=self.cfg.upstream_idle_timeout, on_error=self._check.set,
+                               api_key=self.cfg.upstream_api_key, strip_client_key=self.cfg.tenancy.enabled)
             self.store = await AsyncStore.open(str(self.cfg.store))
             self.sync.sweep()  # nothing of ours is in use yet: everything there is left over
             self._tasks.append(asyncio.create_task(self._connect()))
@@ -148,7 +154,8 @@ class Hooks:
         fp = await asyncio.to_thread(server_fingerprint, props, models)
         fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
         self.transfer = Transfer(self.up, self.store, self.sync, self.metrics, n_slots=self.n_slots, fingerprint=fp)
-        self.table = SlotTable(self.n_slots, save=self.transfer.save, max_queue=self.cfg.max_queue)
+        self.table = SlotTable(self.n_slots, save=self.transfer.save, max_queue=self.cfg.max_queue,
+                               erase=lambda s: self.up.slot_action(s.id, "erase"))
         self.broker = Broker(self.up, self.store, self.transfer, self.table, self.metrics)
         await self._restarted()  # the first look at the slots' task ids
         if self.cfg.idle_save > 0:
@@ -157,6 +164,22 @@ class Hooks:
         self.ready.set()
         log.info("hooks: upstream %s, %d slots, store %s, fingerprint %s", self.up.url, self.n_slots,
                  self.cfg.store, fp)
+        self._log_tenancy(props)
+
+    def _log_tenancy(self, props: dict) -> None:
+        t = self.cfg.tenancy
+        if not t.enabled:
+            log.warning("hooks: single-tenant: no API keys, every client is trusted and may use any namespace "
+                        "(--api-key / --api-key-file for tenants)")
+            return
+        log.info("hooks: %d API key(s); namespace header %s", t.describe()["n_keys"], t.describe()["namespace_header"])
+        # llama-server's host prompt cache is keyed by tokens, not tenants: a guessed prefix would be served warm.
+        # Its /props does not say whether the cache is on, so an external server can only be warned about.
+        cache = props.get("cache_ram_mib", props.get("cache_ram"))
+        if not self.cfg.embedded and cache != 0:
+            log.warning("hooks: llama-server's host prompt cache (cache_ram %s) would serve one tenant's cached "
+                        "prefix to another: start the external llama-server with --cache-ram 0",
+                        "unknown" if cache is None else cache)
 
     async def _idle_loop(self) -> None:
         period = max(0.2, min(self.cfg.idle_save / 4, 5.0))
@@ -233,7 +256,8 @@ async def ready_middleware(request: web.Request, handler) -> web.StreamResponse:
 def build_app(cfg: HooksConfig) -> web.Application:
     hooks = Hooks(cfg)
     h = Handlers(hooks)
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[error_middleware, ready_middleware])
+    app = web.Application(client_max_size=64 * 1024 * 1024,
+                          middlewares=[error_middleware, gate(cfg.tenancy), ready_middleware])
     app[HOOKS] = hooks
     app.cleanup_ctx.append(hooks.context)
     r = app.router
@@ -247,5 +271,8 @@ def build_app(cfg: HooksConfig) -> web.Application:
     r.add_get("/kvstore/stats", h.stats)
     r.add_get("/kvstore/", h.status_page)
     r.add_get("/metrics", h.prometheus)
-    r.add_route("*", "/{tail:.*}", h.passthrough)
+    for p in PASSTHROUGH_GET:  # the allowlist (routes.py) is checked on the raw path before routing
+        r.add_get(p, h.passthrough, allow_head=False)
+    for p in PASSTHROUGH_POST:
+        r.add_post(p, h.passthrough)
     return app

@@ -17,16 +17,25 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Optional
 
-from .errors import BadRequest, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply
+from .auth import Caller
+from .errors import BadRequest, Forbidden, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply
 from .metrics import Metrics
 from .naming import Naming
-from .slots import Lease, SlotTable
+from .slots import Lease, Slot, SlotTable
 from .store import AsyncStore
 from .transfer import Transfer
 
 log = logging.getLogger("kvstore.hooks")
 
 TokensFn = Callable[[], Awaitable[Optional[list[int]]]]
+
+
+def own_slots_only(caller: Caller) -> Callable[[Slot], None]:
+    """The raw slot API's guard: a slot that is empty or holds the caller's namespace (any, for an admin)."""
+    def check(slot: Slot) -> None:
+        if not (caller.may_touch(slot.owner) and caller.may_touch(slot.namespace if slot.name is not None else None)):
+            raise Forbidden(f"slot {slot.id} holds another namespace's state")
+    return check
 
 
 class Once:
@@ -178,18 +187,23 @@ class Broker:
         return {"id_slot": slot.id, "cache": kind, "n_restored": n_restored, "timings": timings, "stored": info,
                 "n_tokens": int((info or {}).get("n_tokens") or r.get("tokens_cached") or 0)}
 
-    async def save_raw(self, slot_id: int, namespace: str, name: str) -> dict:
+    async def save_raw(self, slot_id: int, caller: Caller, name: str) -> dict:
         """`/slots/{id}?action=save` with a name: the slot's content into the store, its label unchanged."""
-        async with self.table.acquire(slot_id=slot_id, relabel=False) as lease:
+        namespace = caller.namespace
+        async with self.table.acquire(slot_id=slot_id, relabel=False, guard=own_slots_only(caller)) as lease:
             t0 = time.perf_counter()
             info = await lease.shielded(self.transfer.save(lease.slot, name=name, namespace=namespace))
             self.table.saved(lease.slot, (namespace, name))
         return {"info": info or {}, "seconds": time.perf_counter() - t0}
 
-    async def restore_raw(self, slot_id: int, namespace: str, name: str) -> dict:
+    async def restore_raw(self, slot_id: int, caller: Caller, name: str) -> dict:
         """`/slots/{id}?action=restore` with a name: the stored state into that slot, which then holds the name.
-        Raises NotFound, or BadRequest when the restore failed (the slot is then empty)."""
+        Raises NotFound, Forbidden (the slot holds another namespace's state), or BadRequest when the restore
+        failed (the slot is then empty)."""
+        namespace = caller.namespace
         key = (namespace, name)
+        if self.table.slots[slot_id].key != key:
+            own_slots_only(caller)(self.table.slots[slot_id])  # before moving the name's label out of another slot
         other = self.table.resident(key)
         if other is not None and other.id != slot_id:
             # The name is resident elsewhere: save its newest content, then let only the target hold the label.
@@ -198,7 +212,8 @@ class Broker:
                     if other.dirty:
                         await self.table.evict(lease, strict=True)
                     self.table.forget(other)
-        async with self.table.acquire(slot_id=slot_id, key=key) as lease:
+        async with self.table.acquire(slot_id=slot_id, key=key, namespace=namespace,
+                                      guard=own_slots_only(caller)) as lease:
             if lease.resident and lease.slot.dirty:
                 await self.table.evict(lease, strict=True)
             t0 = time.perf_counter()
@@ -211,8 +226,8 @@ class Broker:
             self.table.restored(lease.slot)
         return {"reply": r, "seconds": time.perf_counter() - t0}
 
-    async def erase(self, slot_id: int) -> dict:
-        async with self.table.acquire(slot_id=slot_id, relabel=False) as lease:
+    async def erase(self, slot_id: int, caller: Caller) -> dict:
+        async with self.table.acquire(slot_id=slot_id, relabel=False, guard=own_slots_only(caller)) as lease:
             r = await self.up.slot_action(slot_id, "erase")
             self.table.erased(lease.slot)
         return r

@@ -19,6 +19,18 @@ class NotFound(Exception):
         self.namespace, self.name = namespace, name
 
 
+class Unauthorized(Exception):
+    """No valid API key (401)."""
+
+
+class Forbidden(Exception):
+    """A valid key asking for another namespace's state or slot, or an admin route (403)."""
+
+
+class RouteNotFound(Exception):
+    """The raw method and path are not on the route allowlist (404)."""
+
+
 class UpstreamError(Exception):
     """llama-server could not be reached or answered garbage (502)."""
 

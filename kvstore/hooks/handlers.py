@@ -14,13 +14,12 @@ from kvstore import page
 
 from . import naming as nm
 from .broker import Once
-from .errors import BadRequest
+from .broker import own_slots_only
+from .errors import BadRequest, Forbidden
 from .metrics import timings_from_sse_tail
+from .routes import CHAT_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
 
-COMPLETION_PATHS = ("/completion", "/completions", "/v1/completions")
-CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
-SLOT_ONLY_PATHS = ("/infill",)  # evaluate in a slot, but never named
 TAIL_BYTES = 64 * 1024
 BODY_KEEP = 4 * 1024 * 1024
 
@@ -38,7 +37,8 @@ class Handlers:
             raise BadRequest("request body must be a JSON object")
         chat = path in CHAT_PATHS
         nameable = path not in SLOT_ONLY_PATHS
-        naming = nm.naming_of(request.headers, body if nameable else {}, name_from_user=h.cfg.name_from_user)
+        naming = nm.naming_of(request.headers, body if nameable else {}, namespace=caller(request).namespace,
+                              name_from_user=h.cfg.name_from_user)
         nm.strip_fields(body)
         tokens_fn = Once(lambda: h.broker.prompt_tokens(body, chat))
         async with h.broker.hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
@@ -73,7 +73,7 @@ class Handlers:
             raise BadRequest("give `prompt` (string or token ids) or `messages`")
         name = request.match_info["name"]
         parent = body.get("parent", body.get(nm.PARENT_FIELD, request.headers.get(nm.PARENT_HEADER)))
-        ns = nm.namespace_of(request.headers)
+        ns = caller(request).namespace
         nm.validate(name, "name")
         if parent is not None:
             nm.validate(parent, "parent")
@@ -97,23 +97,41 @@ class Handlers:
         return web.json_response({"name": name, "namespace": ns, "removed": True})
 
     async def state_list(self, request: web.Request) -> web.Response:
-        ns = nm.namespace_of(request.headers)
+        """The caller's namespace; an admin key without `X-KV-Namespace` lists every namespace (`namespace` null)."""
+        c = caller(request)
+        ns = None if self.h.cfg.tenancy.enabled and c.admin and nm.NAMESPACE_HEADER not in request.headers \
+            else c.namespace
         items = await self.h.store.list(namespace=ns)
         return web.json_response({"namespace": ns, "states": jsonable(items)})
 
     async def stats(self, request: web.Request) -> web.Response:
-        h = self.h
+        """Store totals and counters for everyone; a slot of another namespace shows only its id and whether busy."""
+        h, c = self.h, caller(request)
         store = await h.store.stats()
+        slots = []
+        for s in h.table.slots:
+            try:
+                own_slots_only(c)(s)
+                slots.append(s.as_dict())
+            except Forbidden:
+                slots.append({"id": s.id, "busy": s.busy, "other_namespace": True})
         return web.json_response(jsonable({
-            "upstream": h.up.url, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
-            "queue_length": h.table.queue_length, "slots": h.table.as_list(),
+            "upstream": h.up.url if c.admin else None,  # a tenant needs not know where llama-server listens
+            "n_slots": h.n_slots, "fingerprint": h.transfer.expect(), "tenancy": h.cfg.tenancy.describe(),
+            "namespace": c.namespace,
+            "queue_length": h.table.queue_length, "slots": slots,
             "counters": h.metrics.snapshot(), "store": store}))
 
     async def status_page(self, request: web.Request) -> web.Response:
         """GET /kvstore/: the status page (`?fragment=1`: its main part, for the page's own refresh)."""
-        h = self.h
-        ns = None if page.operator_view(request.remote, request.headers) else nm.namespace_of(request.headers)
-        snap = {"upstream": h.up.url, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
+        h, c = self.h, caller(request)
+        # With keys, an admin key sees every namespace; without keys (single-tenant, every caller is trusted), the
+        # operator on loopback with no key and no namespace header does; anyone else sees only their namespace.
+        if h.cfg.tenancy.enabled:
+            ns = None if c.admin else c.namespace
+        else:
+            ns = None if page.operator_view(request.remote, request.headers) else c.namespace
+        snap = {"upstream": h.up.url if ns is None else None, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
                 "queue_length": h.table.queue_length, "slots": page.visible_slots(h.table.as_list(), ns),
                 "slot_clock": h.table.clock(), "history": h.metrics.history.snapshot(),
                 "store": await h.store.snapshot(ns)}
@@ -133,7 +151,7 @@ class Handlers:
         """Raw slot API: save ingests into the store, restore materializes first, erase marks the slot empty."""
         action = request.query.get("action")
         if action not in ("save", "restore", "erase"):
-            return await self.passthrough(request)
+            raise BadRequest("`action` must be one of save, restore, erase")
         try:
             slot_id = int(request.match_info["id"])
         except ValueError:
@@ -142,21 +160,21 @@ class Handlers:
         if not 0 <= slot_id < n:
             raise BadRequest(f"slot id {slot_id} out of range: this server has {n} slot(s), 0..{n - 1}")
         body = await _json_body(request, allow_empty=True)
-        ns = nm.namespace_of(request.headers)
+        c = caller(request)
         if action == "erase":
-            return web.json_response(await self.h.broker.erase(slot_id))
+            return web.json_response(await self.h.broker.erase(slot_id, c))
         name = body.get("filename") if isinstance(body, dict) else None
         if name is None:
             raise BadRequest("body needs a `filename`: the name to save or restore")
         nm.validate(name, "name")
         if action == "save":
-            r = await self.h.broker.save_raw(slot_id, ns, name)
+            r = await self.h.broker.save_raw(slot_id, c, name)
             info, save = r["info"], r["info"].get("save") or {}
             return web.json_response({
                 "id_slot": slot_id, "filename": name, "n_saved": save.get("n_saved", 0),
                 "n_written": save.get("n_written", 0), "timings": {"save_ms": _ms(r["seconds"])},
                 "kvstore": jsonable({k: v for k, v in info.items() if k != "save"})})
-        r = await self.h.broker.restore_raw(slot_id, ns, name)
+        r = await self.h.broker.restore_raw(slot_id, c, name)
         reply = r["reply"]
         info = reply.get("kvstore") or {}
         return web.json_response({
@@ -182,7 +200,7 @@ async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Any:
 
 def _state_key(request: web.Request) -> tuple[str, str]:
     """(namespace, name) of a /kvstore/states/{name} request; raises BadName."""
-    return nm.namespace_of(request.headers), nm.validate(request.match_info["name"], "name")
+    return caller(request).namespace, nm.validate(request.match_info["name"], "name")
 
 
 def _ms(seconds: float) -> float:

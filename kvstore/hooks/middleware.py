@@ -6,7 +6,9 @@ llama-server's (and OpenAI's) shape: `{"error": {"message", "type"}}`.
 | exception | status | type |
 |---|---|---|
 | `BadRequest` (incl. `naming.BadName`), `kvstore.errors.InvalidName` | 400 | invalid_request_error |
-| `NotFound`, `kvstore.errors.NameNotFound` | 404 | not_found_error |
+| `NotFound`, `kvstore.errors.NameNotFound`, `RouteNotFound` | 404 | not_found_error |
+| `Unauthorized` | 401 + `WWW-Authenticate: Bearer` | authentication_error |
+| `Forbidden` | 403 | permission_error |
 | `QueueFull` | 503 + `Retry-After: 1` | unavailable_error |
 | `UpstreamReply` | llama-server's status, its body passed on | - |
 | `UpstreamTimeout` | 504 | timeout_error |
@@ -28,7 +30,8 @@ from aiohttp import web
 
 from kvstore.errors import FingerprintMismatch, InvalidName, KvStoreError, NameNotFound, StoreFull, error_message
 
-from .errors import BadRequest, NotFound, QueueFull, Unavailable, UpstreamError, UpstreamReply, UpstreamTimeout
+from .errors import (BadRequest, Forbidden, NotFound, QueueFull, RouteNotFound, Unauthorized, Unavailable,
+                     UpstreamError, UpstreamReply, UpstreamTimeout)
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -38,6 +41,9 @@ STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = (
     (InvalidName, 400, "invalid_request_error", None),
     (NotFound, 404, "not_found_error", None),
     (NameNotFound, 404, "not_found_error", None),
+    (RouteNotFound, 404, "not_found_error", None),
+    (Unauthorized, 401, "authentication_error", {"WWW-Authenticate": "Bearer"}),
+    (Forbidden, 403, "permission_error", None),
     (QueueFull, 503, "unavailable_error", {"Retry-After": "1"}),
     (Unavailable, 503, "unavailable_error", {"Retry-After": "5"}),
     (UpstreamTimeout, 504, "timeout_error", None),

@@ -4,7 +4,6 @@ Names are data, never paths: they are validated by the core and only ever used a
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -49,25 +48,16 @@ def _validate(value: str, what: str) -> str:
     return value
 
 
-def namespace_of(headers: Mapping[str, str]) -> str:
-    """`X-KV-Namespace`, else a short hash of the `Authorization: Bearer` key (tenants are isolated), else ""."""
-    ns = headers.get(NAMESPACE_HEADER)
-    if ns:
-        return _validate(ns, "namespace")
-    auth = headers.get("Authorization", "")
-    if auth[:7].lower() == "bearer " and auth[7:].strip():
-        return "key-" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:16]
-    return ""
-
-
 def validate(name: str, what: str = "name") -> str:
     return _validate(name, what)
 
 
-def naming_of(headers: Mapping[str, str], body: Optional[Mapping[str, Any]], *, name_from_user: bool = False) -> Naming:
-    """Name (body field, then header, then `user` when enabled), parent (body, then header), namespace."""
+def naming_of(headers: Mapping[str, str], body: Optional[Mapping[str, Any]], *, namespace: str,
+              name_from_user: bool = False) -> Naming:
+    """Name (body field, then header, then `user` when enabled), parent (body, then header), in `namespace`
+    (the caller's: `auth.Tenancy.caller`)."""
     body = body or {}
-    ns = namespace_of(headers)
+    ns = namespace
     name = body.get(NAME_FIELD)
     if name is None:
         name = headers.get(NAME_HEADER)

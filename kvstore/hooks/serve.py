@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 import sys
 import threading
@@ -22,15 +23,36 @@ from .app import HOOKS, HooksConfig, build_app
 log = logging.getLogger("kvstore.hooks")
 
 
-def start_engine(args):
-    """Start the embedded llama-server writing into <store>/sync. Returns the EmbeddedServer."""
+def engine_config(args, *, multi_tenant: bool):
+    """The embedded llama-server's settings: writing into <store>/sync, with a random API key of its own (only the
+    hooks can use its slots API), and without its host prompt cache when tenants exist (that cache is keyed by
+    tokens: one tenant's cached prefix would be served to another who guesses it)."""
     from kvstore.config import sync_dir
-    from kvstore.engine import EmbeddedServer, config_from_args
+    from kvstore.engine import config_from_args
 
     if args.kv_unified:
         # One KV stream shared by all slots: restores would need states re-emitted for 1 stream, not n_slots.
         raise ValueError("--kv-unified is not supported by kvstore serve")
-    return EmbeddedServer(config_from_args(args, slot_save_path=str(sync_dir(args.store))))
+    cfg = config_from_args(args, slot_save_path=str(sync_dir(args.store)))
+    cfg.api_key = secrets.token_urlsafe(32)
+    if multi_tenant and cfg.cache_ram:
+        log.warning("--cache-ram %d -> 0: llama-server's host prompt cache would cross namespaces", cfg.cache_ram)
+        cfg.cache_ram = 0
+    return cfg
+
+
+def start_engine(args, *, multi_tenant: bool = False):
+    """Start the embedded llama-server (`engine_config`). Returns the EmbeddedServer."""
+    from kvstore.engine import EmbeddedServer
+
+    return EmbeddedServer(engine_config(args, multi_tenant=multi_tenant))
+
+
+def tenancy_of(args):
+    from .auth import tenancy_from
+
+    return tenancy_from(args.api_key or (), args.api_key_file or (), args.admin_api_key or (),
+                        allow_namespace_header=args.allow_namespace_header)
 
 
 class Running:
@@ -118,6 +140,8 @@ def run(args) -> int:
     engine = None
     extra = {}
     try:
+        tenancy = tenancy_of(args)
+        upstream_key = args.upstream_api_key
         if args.upstream:
             upstream = args.upstream
         else:
@@ -125,11 +149,12 @@ def run(args) -> int:
                 log.warning("--swa-full: llama-server keeps no checkpoints and a rollback inside the window after a "
                             "restore gives silently wrong K/V (docs/hooks.md); states are fingerprinted apart")
             extra["swa_full"] = "on" if args.swa_full else "off"
-            engine = start_engine(args)
-            upstream = engine.url
+            engine = start_engine(args, multi_tenant=tenancy.enabled)
+            upstream, upstream_key = engine.url, engine.config.api_key
         cfg = HooksConfig(upstream=upstream, store=Path(args.store), name_from_user=args.name_from_user,
                           idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra,
-                          upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout)
+                          upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
+                          tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None)
         asyncio.run(_serve(cfg, args.host, args.port))
     except KeyboardInterrupt:
         pass

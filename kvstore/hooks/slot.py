@@ -28,6 +28,9 @@ class Slot:
     dirty: bool = False
     last_used: float = 0.0
     parent: Optional[str] = None  # the name this state was built on (recorded at ingest)
+    # The namespace whose KV cells the slot holds (None: empty as far as we know). Kept apart from the label: a
+    # slot whose name was removed still holds its tenant's cells, and is erased before another namespace uses it.
+    owner: Optional[str] = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
@@ -55,10 +58,12 @@ class Slot:
         """The slot's KV is gone (erase, failed restore): keep the label, forget the content."""
         self.tokens = []
         self.dirty = False
+        self.owner = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "namespace": self.namespace, "n_tokens": len(self.tokens),
-                "dirty": self.dirty, "busy": self.busy, "last_used": self.last_used, "parent": self.parent}
+                "dirty": self.dirty, "busy": self.busy, "last_used": self.last_used, "parent": self.parent,
+                "owner": self.owner}
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

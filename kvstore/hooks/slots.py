@@ -30,10 +30,12 @@ log = logging.getLogger("kvstore.hooks")
 class SlotTable:
     """Picks a slot for each request, evicts (saves) what it displaces, queues when all are busy."""
 
-    def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[None]], max_queue: int = 64,
+    def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[None]],
+                 erase: Optional[Callable[[Slot], Awaitable[Any]]] = None, max_queue: int = 64,
                  clock: Callable[[], float] = time.monotonic):
         self.slots = [Slot(i) for i in range(n_slots)]
         self._save = save
+        self._erase = erase  # llama-server's action=erase; None only in unit tests of picking
         self.max_queue = max_queue
         self.clock = clock
         self._waiters: list[asyncio.Future] = []
@@ -97,7 +99,7 @@ class SlotTable:
             return Lease(p, parent_resident=True)
         # Only a slot holding content of the same namespace is reused in place: tenants never share KV cells
         # (nor learn, from cache_n, what another tenant's prompt began with).
-        same_ns = [s for s in idle if s.namespace == namespace]
+        same_ns = [s for s in idle if s.owner == namespace]
         if tokens and same_ns:
             best = max(same_ns, key=lambda s: (common_prefix(s.tokens, tokens), -s.last_used))
             lcp = common_prefix(best.tokens, tokens)
@@ -118,7 +120,8 @@ class SlotTable:
     @contextlib.asynccontextmanager
     async def acquire(self, *, key: Optional[Key] = None, parent: Optional[Key] = None,
                       tokens: Optional[Sequence[int]] = None, slot_id: Optional[int] = None,
-                      better_than: int = 0, relabel: bool = True, namespace: str = "") -> AsyncIterator[Lease]:
+                      better_than: int = 0, relabel: bool = True, namespace: str = "",
+                      guard: Optional[Callable[[Slot], None]] = None) -> AsyncIterator[Lease]:
         """Hold a slot for a request.
 
         key: the request's name (None: unnamed). parent: a parent name to use in place if resident.
@@ -127,8 +130,13 @@ class SlotTable:
         better_than: the fewest shared tokens for in-place reuse (a stored prefix this long exists). namespace: the
         request's; in-place reuse only considers slots whose content is of the same namespace. relabel: displace the
         slot's state (save it first if dirty) and
-        label the slot with `key`; False leaves the slot's label alone (raw save, idle save).
+        label the slot with `key`; False leaves the slot's label alone (raw save, idle save). guard(slot): called
+        once the slot is held, before anything changes; raising refuses the lease (raw slot API on another
+        namespace's slot). A relabelled slot holding another namespace's cells is erased first (after its dirty
+        state is saved).
         """
+        if key is not None:
+            namespace = key[0]
         avoid: set[int] = set()
         while True:
             lease = await self._wait_pick(key, parent, tokens, slot_id, better_than, namespace, frozenset(avoid))
@@ -137,6 +145,8 @@ class SlotTable:
             # The lock is free (checked by _pick in this same step), so this does not suspend.
             await slot.lock.acquire()
             try:
+                if guard is not None:
+                    guard(slot)
                 if relabel and not lease.resident and slot.dirty and slot.key != key:
                     await self.evict(lease, strict=True)
             except SaveFailed:
@@ -152,6 +162,12 @@ class SlotTable:
             break
         try:
             if relabel and not lease.resident:
+                if slot.owner is not None and slot.owner != namespace:
+                    # Tenants never share KV cells: llama-server would reuse a common prefix (cache_n: a side channel).
+                    if self._erase is not None:
+                        await lease.shielded(self._erase(slot))
+                    slot.clear()
+                slot.owner = namespace  # whatever this lease puts there is this namespace's
                 slot.hold(key, parent=parent[1] if lease.parent_resident and parent else None)
                 if lease.parent_resident and key is None:
                     slot.parent = None

@@ -56,11 +56,16 @@ def reply_headers(headers) -> dict[str, str]:
 
 class Upstream:
     def __init__(self, url: str, session: aiohttp.ClientSession, *, first_byte: float = FIRST_BYTE_TIMEOUT,
-                 idle: float = IDLE_TIMEOUT, on_error: Optional[callable] = None):
+                 idle: float = IDLE_TIMEOUT, on_error: Optional[callable] = None, api_key: Optional[str] = None,
+                 strip_client_key: bool = False):
+        """api_key: llama-server's own --api-key, sent on every call in place of the client's. strip_client_key:
+        never pass a client's Authorization on (with tenant keys it is kvstore's key, not llama-server's)."""
         self.url = url.rstrip("/")
         self.session = session
         self.first_byte, self.idle = first_byte, idle
         self.on_error = on_error  # called (no arguments) after a connection error: a restarted server is checked
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.strip_client_key = strip_client_key or bool(api_key)
 
     def _unreachable(self, e: BaseException) -> UpstreamError:
         if self.on_error is not None:
@@ -74,7 +79,7 @@ class Upstream:
     async def call(self, method: str, path: str, body: Any = None, *, timeout: Optional[float] = None) -> Any:
         """A small JSON call; raises UpstreamError (unreachable), UpstreamTimeout (no complete reply within
         `timeout`, default the first-byte timeout) or UpstreamReply (error status)."""
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"headers": self.auth}
         if body is not None:
             kw["json"] = body
         limit = self.first_byte if timeout is None else timeout
@@ -147,6 +152,9 @@ class Upstream:
             content_type = "application/json"
         streamed = body is None and request.body_exists
         headers = request_headers(request.headers, keep_length=streamed)
+        if self.strip_client_key:
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        headers.update(self.auth)
         if body is not None and content_type:
             headers["Content-Type"] = content_type
         for attempt in range(1, ATTEMPTS + 1):
