@@ -17,7 +17,7 @@ use crate::format::{self, Decomposed};
 use crate::id::{hex, ObjectId};
 use crate::index::{validate_name, HeedExt, NameRecord, ObjectRow};
 use crate::manifest::{
-    fingerprint_id, layout_is_empty, now_f64, now_secs, Fingerprint, Manifest, ManifestError, LAYOUT,
+    fingerprint_id, now_f64, now_secs, Fingerprint, Manifest, ManifestError, LAYOUT,
     MANIFEST_VERSION,
 };
 use crate::objects::Put;
@@ -88,10 +88,10 @@ impl Store {
 
         // A `layout` the caller knows for its server (learned from an earlier save) must match the file's: a file
         // cut at a section boundary, or saved by another cache configuration, parses but would never restore.
-        // Empty slots carry no layers, so they have nothing to compare. The layout itself lives in the manifest.
+        // (Empty slots, which carry no layers, were refused above.) The layout itself lives in the manifest.
         let mut fingerprint = fingerprint.clone();
         if let Some(want) = fingerprint.remove(LAYOUT) {
-            if want != d.layout && !layout_is_empty(&d.layout) {
+            if want != d.layout {
                 return Err(ManifestError::FingerprintMismatch {
                     state: name.into(),
                     key: LAYOUT.into(),
