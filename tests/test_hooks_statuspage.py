@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from hooks_support import complete, engine, get, hooks, stack
-from test_statuspage import browser, console_errors, screenshot  # noqa: F401  (fixture)
+from test_statuspage import browser, console_errors, screenshot, settled  # noqa: F401  (fixture)
 
 ARTICLE = "The lighthouse keeper kept a log of every ship that passed the rocky point. " * 6
 
@@ -26,18 +26,25 @@ def test_status_page_of_a_running_server(tmp_path, browser):  # noqa: F811
             frag = get(hk.url, "/kvstore/?fragment=1").body.decode()
             assert "<html" not in frag and 'id="slots"' in frag
             browser.get(hk.url + "/kvstore/")
-            slot = browser.find_element(By.CSS_SELECTOR, 'tr[data-slot="0"]')
-            assert slot.find_element(By.CSS_SELECTOR, ".name").text == "q1"
-            kinds = {}
-            for tr in browser.find_elements(By.CSS_SELECTOR, "#savings table:not(.narrow) tbody tr"):
-                cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-                kinds[cells[0]] = cells
+
+            def read_page():
+                slot = browser.find_element(By.CSS_SELECTOR, 'tr[data-slot="0"]').find_element(By.CSS_SELECTOR, ".name")
+                kinds = {}
+                for tr in browser.find_elements(By.CSS_SELECTOR, "#savings table:not(.narrow) tbody tr"):
+                    cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                    kinds[cells[0]] = cells
+                root = browser.find_element(By.CSS_SELECTOR, "ul.tree > li")
+                top = root.find_element(By.CSS_SELECTOR, ":scope > .node").get_attribute("data-name")
+                kids = sorted(k.get_attribute("data-name")
+                              for k in root.find_elements(By.CSS_SELECTOR, ":scope > ul > li > .node"))
+                charts = len(browser.find_elements(By.CSS_SELECTOR, "#savings svg.chart"))
+                return slot.text, kinds, top, kids, charts
+
+            slot_name, kinds, top, kids, charts = settled(read_page)
+            assert slot_name == "q1"
             assert kinds["restored"][2] == "1" and int(kinds["restored"][5].replace(",", "")) > 0, kinds
             assert kinds["parent"][2] == "2" and kinds["miss"][2] == "1", kinds
-            root = browser.find_element(By.CSS_SELECTOR, "ul.tree > li")
-            assert root.find_element(By.CSS_SELECTOR, ":scope > .node").get_attribute("data-name") == "article"
-            kids = root.find_elements(By.CSS_SELECTOR, ":scope > ul > li > .node")
-            assert sorted(k.get_attribute("data-name") for k in kids) == ["q1", "q2"]
-            assert browser.find_elements(By.CSS_SELECTOR, "#savings svg.chart")
+            assert top == "article" and kids == ["q1", "q2"]
+            assert charts
             assert console_errors(browser) == []
             screenshot(browser, tmp_path / "serve.png")

@@ -55,6 +55,22 @@ def screenshot(d, path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def settled(read, tries: int = 4):
+    """Run `read()` (a group of element lookups) again when the live page's refresh replaced the DOM under it.
+
+    The live page swaps its main section every few seconds; an element found before a swap is stale after it.
+    A stale read is retried as a whole, so every value in one result comes from one rendering of the page.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for attempt in range(tries):
+        try:
+            return read()
+        except StaleElementReferenceException:
+            if attempt == tries - 1:
+                raise
+
+
 def console_errors(d) -> list:
     return [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
 
@@ -282,11 +298,15 @@ def test_live_page_refreshes_in_chromium(tmp_path, browser):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         browser.get(f"http://127.0.0.1:{srv.server_address[1]}/kvstore/")
-        first = browser.find_element(By.ID, "generated").text
-        WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "generated").text != first)
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        first = settled(lambda: browser.find_element(By.ID, "generated").text)
+        WebDriverWait(browser, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: d.find_element(By.ID, "generated").text != first)
         assert n["fragments"] >= 1
         assert browser.find_element(By.ID, "kv-status").text == "live"
-        assert browser.find_element(By.CSS_SELECTOR, 'tr[data-slot="0"] .name').text == "<script>alert(1)</script>"
+        name = settled(lambda: browser.find_element(By.CSS_SELECTOR, 'tr[data-slot="0"] .name').text)
+        assert name == "<script>alert(1)</script>"
         assert console_errors(browser) == []
         screenshot(browser, tmp_path / "live.png")
     finally:
