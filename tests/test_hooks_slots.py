@@ -254,3 +254,27 @@ def test_other_namespace_gets_the_slot_erased_after_its_save():
         assert not t.slots[0].busy  # a refused lease releases the slot
 
     run(go())
+
+
+def test_one_rule_for_who_sees_a_slot():
+    """Slot.visible_to is the one rule behind /kvstore/stats, the status page and the raw slot API's guard."""
+    async def go():
+        t = SlotTable(3, save=lambda s: asyncio.sleep(0))
+        async with t.acquire(key=("a", "x")) as l:
+            t.evaluated(l.slot, [1, 2, 3])
+        async with t.acquire(tokens=[7, 8], namespace="a") as l:  # a's unnamed cells: owner "a", no label
+            t.evaluated(l.slot, [7, 8])
+        return t
+
+    t = run(go())
+    named, unnamed, empty = sorted(t.slots, key=lambda s: (s.name is None, not s.tokens))
+    assert (named.name, unnamed.owner, empty.owner) == ("x", "a", None)
+    for s in (named, unnamed, empty):
+        assert s.visible_to(None) and s.visible_to("a")
+    # another tenant (also the default namespace "") sees neither a's label nor a's unnamed cells
+    for viewer in ("b", ""):
+        assert not named.visible_to(viewer) and not unnamed.visible_to(viewer) and empty.visible_to(viewer)
+        seen = {d["id"]: d for d in t.as_list(viewer)}
+        assert seen[unnamed.id] == {"id": unnamed.id, "busy": False, "other_namespace": True}
+        assert seen[empty.id]["name"] is None and "other_namespace" not in seen[empty.id]
+    assert t.as_list(None) == [s.as_dict() for s in t.slots]

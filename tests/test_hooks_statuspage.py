@@ -1,7 +1,6 @@
 """GET /kvstore/ on a real `kvstore serve` (the hooks in front of a real llama-server), read by headless Chromium."""
 from __future__ import annotations
 
-import pytest
 
 from hooks_support import complete, engine, get, hooks, stack
 from test_statuspage import browser, console_errors, screenshot, settled  # noqa: F401  (fixture)

@@ -35,6 +35,11 @@ class Caller:
     admin: bool = False
     may_set_namespace: bool = False
 
+    @property
+    def viewer(self) -> Optional[str]:
+        """Whose slots and states this caller sees: None (everything) for an admin, else its namespace."""
+        return None if self.admin else self.namespace
+
     def may_touch(self, namespace: Optional[str]) -> bool:
         """May this caller see or change content of `namespace` (None: nobody's)?"""
         return self.admin or namespace is None or namespace == self.namespace

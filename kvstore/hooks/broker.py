@@ -33,7 +33,7 @@ TokensFn = Callable[[], Awaitable[Optional[list[int]]]]
 def own_slots_only(caller: Caller) -> Callable[[Slot], None]:
     """The raw slot API's guard: a slot that is empty or holds the caller's namespace (any, for an admin)."""
     def check(slot: Slot) -> None:
-        if not (caller.may_touch(slot.owner) and caller.may_touch(slot.namespace if slot.name is not None else None)):
+        if not slot.visible_to(caller.viewer):
             raise Forbidden(f"slot {slot.id} holds another namespace's state")
     return check
 

@@ -14,8 +14,7 @@ from kvstore import page
 
 from . import naming as nm
 from .broker import Once
-from .broker import own_slots_only
-from .errors import BadRequest, Forbidden
+from .errors import BadRequest
 from .metrics import timings_from_sse_tail
 from .routes import CHAT_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
@@ -108,13 +107,7 @@ class Handlers:
         """Store totals and counters for everyone; a slot of another namespace shows only its id and whether busy."""
         h, c = self.h, caller(request)
         store = await h.store.stats()
-        slots = []
-        for s in h.table.slots:
-            try:
-                own_slots_only(c)(s)
-                slots.append(s.as_dict())
-            except Forbidden:
-                slots.append({"id": s.id, "busy": s.busy, "other_namespace": True})
+        slots = h.table.as_list(c.viewer)
         return web.json_response(jsonable({
             "upstream": h.up.url if c.admin else None,  # a tenant needs not know where llama-server listens
             "n_slots": h.n_slots, "fingerprint": h.transfer.expect(), "tenancy": h.cfg.tenancy.describe(),
@@ -128,11 +121,11 @@ class Handlers:
         # With keys, an admin key sees every namespace; without keys (single-tenant, every caller is trusted), the
         # operator on loopback with no key and no namespace header does; anyone else sees only their namespace.
         if h.cfg.tenancy.enabled:
-            ns = None if c.admin else c.namespace
+            ns = c.viewer
         else:
             ns = None if page.operator_view(request.remote, request.headers) else c.namespace
         snap = {"upstream": h.up.url if ns is None else None, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
-                "queue_length": h.table.queue_length, "slots": page.visible_slots(h.table.as_list(), ns),
+                "queue_length": h.table.queue_length, "slots": h.table.as_list(ns),
                 "slot_clock": h.table.clock(), "history": h.metrics.history.snapshot(),
                 "store": await h.store.snapshot(ns)}
         html = page.render_fragment(snap) if request.query.get("fragment") else page.render_page(snap, live=True)

@@ -60,6 +60,19 @@ class Slot:
         self.dirty = False
         self.owner = None
 
+    def visible_to(self, viewer: Optional[str]) -> bool:
+        """May a caller whose namespace is `viewer` (None: the operator or an admin, who see all) see what this
+        slot holds? Only if no other namespace's cells are in it (`owner`) and its label is not another's."""
+        if viewer is None:
+            return True
+        return self.owner in (None, viewer) and (self.name is None or self.namespace == viewer)
+
+    def view(self, viewer: Optional[str]) -> dict[str, Any]:
+        """`as_dict()` as `viewer` may see it: another namespace's slot shows only its id and whether it is busy."""
+        if self.visible_to(viewer):
+            return self.as_dict()
+        return {"id": self.id, "busy": self.busy, "other_namespace": True}
+
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "namespace": self.namespace, "n_tokens": len(self.tokens),
                 "dirty": self.dirty, "busy": self.busy, "last_used": self.last_used, "parent": self.parent,

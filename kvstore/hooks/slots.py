@@ -62,8 +62,9 @@ class SlotTable:
             return 0
         return max((common_prefix(s.tokens, tokens) for s in self.slots if not s.busy), default=0)
 
-    def as_list(self) -> list[dict[str, Any]]:
-        return [s.as_dict() for s in self.slots]
+    def as_list(self, viewer: Optional[str] = None) -> list[dict[str, Any]]:
+        """Every slot as `viewer` may see it (`Slot.view`; None: everything)."""
+        return [s.view(viewer) for s in self.slots]
 
     # ---- picking ----------------------------------------------------------------------------------------------
     def _idle(self) -> list[Slot]:

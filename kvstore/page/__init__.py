@@ -5,7 +5,6 @@ store reads in `store_snapshot`); the hooks serve it at `GET /kvstore/`, `kvstor
     render_fragment(snapshot) -> str                the live page's `<main>` content, fetched with ?fragment=1
     History                                         what the hooks did since start (history.py)
     store_snapshot(store, namespace=None) -> dict   the "store" part, from a kvstore.Store (snapshot.py)
-    visible_slots(slots, namespace) -> list         slots as a tenant may see them
     operator_view(remote, headers) -> bool          whether a request may see every namespace
 
 The snapshot (every key optional; a section whose key is missing is left out, so the store-only page of
@@ -17,8 +16,8 @@ The snapshot (every key optional; a section whose key is missing is left out, so
       "n_slots": int, "queue_length": int,
       "fingerprint": {str: str},     # Hooks.expect(): what a state must match to be restored here
       "slots": [{"id": int, "name": str|None, "namespace": str, "n_tokens": int, "dirty": bool,
-                 "busy": bool, "last_used": float, "parent": str|None}],      # SlotTable.as_list()
-                                     # (or visible_slots(...): "other": True marks another tenant's slot)
+                 "busy": bool, "last_used": float, "parent": str|None}],      # SlotTable.as_list(viewer)
+                                     # (another tenant's slot: {"id", "busy", "other_namespace": True})
       "slot_clock": float,           # SlotTable.clock() now: slots' last_used is on that (monotonic) clock
       "history": History.snapshot(): {
           "start": float, "now": float, "bucket_s": float,
@@ -39,20 +38,11 @@ HTML-escaped when rendered; names, namespaces and fingerprint values may hold an
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from kvstore.page.history import KINDS, History
 from kvstore.page.render import render_fragment, render_page
 from kvstore.page.snapshot import store_snapshot
-
-
-def visible_slots(slots: list[dict[str, Any]], namespace: Optional[str]) -> list[dict[str, Any]]:
-    """Slots as seen from `namespace` (None: everything): another tenant's slot shows only that it is in use."""
-    if namespace is None:
-        return slots
-    return [s if s.get("namespace", "") == namespace else
-            {**s, "name": None, "namespace": "", "parent": None, "dirty": False, "n_tokens": 0, "other": True}
-            for s in slots]
 
 
 def operator_view(remote: Optional[str], headers: Mapping[str, str]) -> bool:
@@ -67,4 +57,4 @@ def operator_view(remote: Optional[str], headers: Mapping[str, str]) -> bool:
         return False
 
 
-__all__ = ["operator_view", "render_page", "render_fragment", "History", "store_snapshot", "visible_slots", "KINDS"]
+__all__ = ["operator_view", "render_page", "render_fragment", "History", "store_snapshot", "KINDS"]

@@ -29,14 +29,14 @@ def slots_section(snap: dict[str, Any]) -> str:
     rows = []
     for s in slots:
         name = s.get("name")
-        if s.get("other"):
+        if s.get("other_namespace"):
             held = '<span class="empty">another namespace</span>'
         elif name is None:
             held = '<span class="empty">unnamed</span>' if s.get("n_tokens") else '<span class="empty">empty</span>'
         else:
             held = fmt.qualified(s.get("namespace") or "", name)
         act = '<span class="badge busy">busy</span>' if s.get("busy") else '<span class="badge">idle</span>'
-        if name is None or s.get("other"):
+        if name is None or s.get("other_namespace"):
             saved = '<span class="badge">not named</span>'
         elif s.get("dirty"):
             saved = '<span class="badge dirty">unsaved changes</span>'
