@@ -44,10 +44,10 @@ def _store(store: StoreLike) -> "Store":
     return store
 
 
-def _server(server: ServerLike) -> LlamaServer:
+def _server(server: ServerLike, api_key: Optional[str] = None) -> LlamaServer:
     if isinstance(server, LlamaServer):
         return server
-    return LlamaServer(server)
+    return LlamaServer(server, api_key=api_key)
 
 
 def _unlink(path: Path) -> None:
@@ -76,7 +76,8 @@ def _via_proxy(srv: LlamaServer, action: str, name: str, slot: int, namespace: s
     reply = srv.slot_action(slot, action, name, headers=headers)
     out = dict(reply)
     out.setdefault("name", name)
-    out.setdefault("namespace", namespace)
+    # the proxy says where the state went: a tenant key picks the namespace, not the argument
+    out.setdefault("namespace", (reply.get("kvstore") or {}).get("namespace", namespace))
     out.update(server=srv.url, slot=slot, via="kvstore-serve", total_s=time.perf_counter() - t0)
     return out
 
@@ -97,15 +98,17 @@ def _direct(srv, store: StoreLike, name: str, namespace: str, slot: int):
 
 
 def save(name: str, slot: int, *, server: ServerLike = None, store: StoreLike = None, namespace: str = "",
-         parent: Optional[str] = None) -> dict:
+         parent: Optional[str] = None, api_key: Optional[str] = None) -> dict:
     """Save llama-server slot `slot` into the store as (namespace, name).
 
     `parent`: the name this state was restored from and extends (recorded in the manifest; plain server only).
+    `api_key`: sent as a Bearer token (a `kvstore serve` tenant key, or llama-server's own --api-key); default
+    `$KVSTORE_API_KEY`.
 
     Returns the store's ingest report (`manifest_id`, `n_tokens`, `file_bytes`, `new_raw_bytes`, ...) plus
     `server`, `slot`, `n_saved`, `save_ms` (llama-server writing the file), `ingest_s` and `total_s`.
     Raises ServerError (server unreachable/refused), ValueError (no such slot), InvalidName, StoreFull."""
-    srv = _server(server)
+    srv = _server(server, api_key)
     if srv.is_kvstore():
         return _via_proxy(srv, "save", name, slot, namespace)
     slot, st, fp, sync, fname, path = _direct(srv, store, name, namespace, slot)
@@ -132,14 +135,14 @@ def save(name: str, slot: int, *, server: ServerLike = None, store: StoreLike = 
 
 
 def restore(name: str, slot: int, *, server: ServerLike = None, store: StoreLike = None,
-            namespace: str = "") -> dict:
+            namespace: str = "", api_key: Optional[str] = None) -> dict:
     """Restore (namespace, name) from the store into llama-server slot `slot`.
 
     The state is checked against the server's fingerprint first (FingerprintMismatch, before the server is
     asked to do anything) and re-emitted for the server's slot count. Returns the store's materialize report
     plus `server`, `slot`, `n_restored`, `restore_ms`, `materialize_s`, `total_s`.
     If llama-server refuses the file it has already cleared the slot: ServerError says so."""
-    srv = _server(server)
+    srv = _server(server, api_key)
     if srv.is_kvstore():
         return _via_proxy(srv, "restore", name, slot, namespace)
     slot, st, fp, sync, fname, path = _direct(srv, store, name, namespace, slot)

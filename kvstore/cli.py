@@ -243,7 +243,8 @@ def cmd_info(args) -> int:
 def cmd_save(args) -> int:
     from kvstore.api import save
 
-    r = save(args.name, args.slot, server=args.server, store=args.store, namespace=args.namespace)
+    r = save(args.name, args.slot, server=args.server, store=args.store, namespace=args.namespace,
+             api_key=args.api_key)
     emit(args, r, lambda: f"saved slot {args.slot} as {args.name!r}: {r.get('n_tokens', r.get('n_saved'))} tokens"
                           + (f", {mib(r.get('new_stored_bytes'))} new" if "new_stored_bytes" in r else ""))
     return 0
@@ -252,7 +253,8 @@ def cmd_save(args) -> int:
 def cmd_restore(args) -> int:
     from kvstore.api import restore
 
-    r = restore(args.name, args.slot, server=args.server, store=args.store, namespace=args.namespace)
+    r = restore(args.name, args.slot, server=args.server, store=args.store, namespace=args.namespace,
+                api_key=args.api_key)
     emit(args, r, lambda: f"restored {args.name!r} into slot {args.slot}: "
                           f"{r.get('n_tokens', r.get('n_restored'))} tokens")
     return 0
@@ -435,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--slot", type=int, required=True)
         sp.add_argument("--server", metavar="URL", help="llama-server or kvstore serve URL "
                                                        "(default: $KVSTORE_SERVER, else http://127.0.0.1:8080)")
+        sp.add_argument("--api-key", metavar="KEY", help="a kvstore serve tenant key, or llama-server's own "
+                                                         "--api-key (default: $KVSTORE_API_KEY)")
         ns(sp)
     sp = add("sync", "ingest the *.bin files llama-server wrote into its --slot-save-path DIR", cmd_sync)
     sp.add_argument("dir")

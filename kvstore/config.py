@@ -31,6 +31,11 @@ def temp_state_name() -> str:
     return f"{SYNC_TEMP_PREFIX}{uuid.uuid4().hex}.bin"
 
 
+def api_key(arg: Optional[str] = None) -> Optional[str]:
+    """`arg`, else `$KVSTORE_API_KEY`, else None: the key the CLI and `kvstore.save`/`restore` send."""
+    return arg or os.environ.get("KVSTORE_API_KEY") or None
+
+
 def server_url(arg: Optional[str] = None) -> str:
     """`arg`, else `$KVSTORE_SERVER`, else llama-server's default address."""
     return (arg or os.environ.get("KVSTORE_SERVER") or DEFAULT_SERVER).rstrip("/")

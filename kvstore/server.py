@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any, Mapping, Optional
 
 from kvstore import llama
+from kvstore import config
 from kvstore.config import server_url
 from kvstore.errors import ServerError
 from kvstore.fingerprint import server_fingerprint
@@ -23,13 +24,18 @@ PROBE_TIMEOUT = 5.0
 
 
 class LlamaServer:
-    """`LlamaServer(url=None, timeout=600)`; url: argument, else `$KVSTORE_SERVER`, else http://127.0.0.1:8080."""
+    """`LlamaServer(url=None, timeout=600, api_key=None)`; url: argument, else `$KVSTORE_SERVER`, else
+    http://127.0.0.1:8080. api_key: argument, else `$KVSTORE_API_KEY`: sent as `Authorization: Bearer` (a
+    `kvstore serve` tenant key, or a plain llama-server's own --api-key)."""
 
     def __init__(self, url: Optional[str] = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 headers: Optional[Mapping[str, str]] = None):
+                 headers: Optional[Mapping[str, str]] = None, api_key: Optional[str] = None):
         self.url = server_url(url)
         self.timeout = timeout
         self.headers = dict(headers or {})
+        key = config.api_key(api_key)
+        if key and "Authorization" not in self.headers:
+            self.headers["Authorization"] = f"Bearer {key}"
         self._props: Optional[dict] = None
 
     def __repr__(self) -> str:

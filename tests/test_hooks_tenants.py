@@ -140,6 +140,26 @@ def test_raw_slot_api_own_slots_only(env):
     assert post(u, f"/slots/{x}?action=save", {"filename": "admin-copy"}, ADMIN).status == 200
 
 
+def test_python_client_sends_the_tenant_key(env, monkeypatch):
+    import kvstore
+    from kvstore.errors import ServerError
+
+    u = env["u"]
+    x = int(complete(u, _prompt(5), name="a-client", headers=A).headers["X-KV-Slot"])
+    with pytest.raises(ServerError) as e:  # no key: the proxy refuses, nothing is saved
+        kvstore.save("a-client-copy", x, server=u)
+    assert e.value.status == 401
+    r = kvstore.save("a-client-copy", x, server=u, api_key=KEY_A)
+    assert r["namespace"] == NS_A and r["n_saved"] > 0, r
+    assert get(u, "/kvstore/states/a-client-copy", A).status == 200
+    assert get(u, "/kvstore/states/a-client-copy", B).status == 404
+    monkeypatch.setenv("KVSTORE_API_KEY", KEY_B)  # the environment's key is B's: A's slot is not B's to save
+    with pytest.raises(ServerError) as e:
+        kvstore.save("b-steals", x, server=u)
+    assert e.value.status == 403
+    assert kvstore.restore("a-client-copy", x, server=u, api_key=KEY_A)["n_restored"] > 0
+
+
 def _raw(u: str, method: str, target: str, headers: dict, body: bytes = b"{}") -> tuple[int, bytes]:
     """One request with the target sent byte for byte (no client-side normalization)."""
     p = urlsplit(u)

@@ -166,14 +166,14 @@ class Handlers:
             return web.json_response({
                 "id_slot": slot_id, "filename": name, "n_saved": save.get("n_saved", 0),
                 "n_written": save.get("n_written", 0), "timings": {"save_ms": _ms(r["seconds"])},
-                "kvstore": jsonable({k: v for k, v in info.items() if k != "save"})})
+                "kvstore": jsonable({**{k: v for k, v in info.items() if k != "save"}, "namespace": c.namespace})})
         r = await self.h.broker.restore_raw(slot_id, c, name)
         reply = r["reply"]
         info = reply.get("kvstore") or {}
         return web.json_response({
             "id_slot": slot_id, "filename": name, "n_restored": reply.get("n_restored", 0),
             "n_read": reply.get("n_read", info.get("file_bytes", 0)), "timings": {"restore_ms": _ms(r["seconds"])},
-            "kvstore": jsonable(info)})
+            "kvstore": jsonable({**info, "namespace": c.namespace})})
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         return await self.h.up.forward(request, request.path)
