@@ -142,6 +142,25 @@ def test_saved_on_a_restores_on_b(aws, state_files, tmp_path):
         b.tokens("q1")
 
 
+def test_name_updates_are_compare_and_swap(aws, state_files, tmp_path):
+    url = f"s3://kvs/{tmp_path.name}"
+    a = _core.Store(url, cache=str(tmp_path / "a"))
+    b = _core.Store(url, cache=str(tmp_path / "b"))
+    first = a.ingest("u", str(state_files["smollm2_fa_on"]))["manifest_id"]
+    second = a.ingest("u", str(state_files["smollm2_parent"]))["manifest_id"]  # If-Match on A's own ETag
+    info = b.get("u")
+    assert info["manifest_id"] == second and info["displaced"] == []
+    # B saves the name without having seen A's save: B's wins, A's stays reachable (gc keeps it).
+    third = b.ingest("u", str(state_files["smollm2_fa_off"]))["manifest_id"]
+    assert a.get("u")["manifest_id"] == third and a.get("u")["displaced"] == [second]
+    time.sleep(1.1)
+    a.gc(grace_seconds=0)
+    a.materialize_manifest(second, str(tmp_path / "second.bin"))
+    assert _core.hash_file(str(tmp_path / "second.bin")) == _core.hash_file(str(state_files["smollm2_parent"]))
+    with pytest.raises(KvStoreError):
+        a.materialize_manifest(first, str(tmp_path / "first.bin"))  # replaced knowingly: collected
+
+
 def test_gc_on_b_keeps_what_a_saves(aws, state_files, tmp_path):
     url = f"s3://kvs/{tmp_path.name}"
     a = _core.Store(url, cache=str(tmp_path / "a"))
