@@ -148,7 +148,8 @@ def test_name_updates_are_compare_and_swap(aws, state_files, tmp_path):
     b = _core.Store(url, cache=str(tmp_path / "b"))
     first = a.ingest("u", str(state_files["smollm2_fa_on"]))["manifest_id"]
     second = a.ingest("u", str(state_files["smollm2_parent"]))["manifest_id"]  # If-Match on A's own ETag
-    info = b.get("u")
+    c = _core.Store(url, cache=str(tmp_path / "c"))
+    info = c.get("u")
     assert info["manifest_id"] == second and info["displaced"] == []
     # B saves the name without having seen A's save: B's wins, A's stays reachable (gc keeps it).
     third = b.ingest("u", str(state_files["smollm2_fa_off"]))["manifest_id"]
@@ -159,6 +160,10 @@ def test_name_updates_are_compare_and_swap(aws, state_files, tmp_path):
     assert _core.hash_file(str(tmp_path / "second.bin")) == _core.hash_file(str(state_files["smollm2_parent"]))
     with pytest.raises(KvStoreError):
         a.materialize_manifest(first, str(tmp_path / "first.bin"))  # replaced knowingly: collected
+    # C read the name (a restore): its save replaces B's knowingly, and the displaced list carries over.
+    c.materialize("u", str(tmp_path / "u.bin"))
+    c.ingest("u", str(state_files["smollm2_fa_on"]))
+    assert a.get("u")["displaced"] == [second]
 
 
 def test_gc_on_b_keeps_what_a_saves(aws, state_files, tmp_path):

@@ -50,6 +50,15 @@ fn saved_on_a_is_read_and_found_on_b() {
     child.extend(900..916);
     let c = put_synthetic(&b, "child", "", &child, &f);
     assert_eq!(c.new_objects, 1 + 2, "{c:?}");
+    // A user served by A, then by a third machine: it read the name (restore), so its save replaces it
+    // knowingly (nothing displaced).
+    let dc = TempDir::new("rc");
+    let c3 = machine(&mem, &dc, None, quick());
+    let mut more = child.clone();
+    more.extend(920..936);
+    load(&c3, "user");
+    put_synthetic(&c3, "user", "", &more, &f);
+    assert!(a.get("user", "").unwrap().unwrap().displaced.is_empty());
     // A removes it; B no longer sees it.
     assert!(a.remove("child", "").unwrap());
     assert!(b.get("child", "").unwrap().is_none());
@@ -116,6 +125,12 @@ fn lock_protocol() {
     let stale = locks::exclusive(&r.bucket, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
     drop(stale);
     assert!(r.bucket.list("locks").unwrap().is_empty());
+    // A long save keeps its lock fresh: older than `stale`, still live.
+    let long = locks::shared(&r.bucket, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let e = locks::exclusive(&r.bucket, Duration::from_secs(1), Duration::from_millis(300)).err().unwrap();
+    assert!(e.to_string().contains("save(s) in flight"), "{e}");
+    drop(long);
     crate::gc::gc(&s, Duration::ZERO, false).unwrap();
 }
 

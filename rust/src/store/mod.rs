@@ -181,7 +181,7 @@ impl Store {
         let ix = &*self.index;
         let local = ix.names.get(r, &(namespace, name)).ix(ix)?;
         if let Some(remote) = &self.remote {
-            if let Some(row) = crate::remote::names::row(&remote.bucket, namespace, name, local.as_ref())? {
+            if let Some(row) = crate::remote::sync::read_name(self, remote, namespace, name, local.as_ref())? {
                 return Ok(row.map(|rec| {
                     let id = rec.manifest;
                     (rec, id)
