@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::id::ObjectId;
 use crate::index::{HeedExt, NameRecord};
 use crate::manifest::Manifest;
+use crate::objects::ObjectError;
 use crate::prefix::prefix_chain;
 use crate::store::Store;
 
@@ -82,9 +83,15 @@ pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<S
     store.objects().backend().prefetch(&need)?;
     let mut manifests: HashMap<ObjectId, (Manifest, Vec<u8>)> = HashMap::new();
     for id in &need {
-        let got = store.objects().get(id)?;
-        let m = Manifest::from_json(*id, &got.bytes)?;
-        manifests.insert(*id, (m, got.bytes));
+        // A missing or corrupt manifest still gets its name row (gc then refuses, verify names it).
+        let got = match store.objects().get(id) {
+            Ok(got) => got,
+            Err(ObjectError::Missing { .. } | ObjectError::Corrupt { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if let Ok(m) = Manifest::from_json(*id, &got.bytes) {
+            manifests.insert(*id, (m, got.bytes));
+        }
     }
 
     let mut report = SyncReport { names: listed.len(), manifests_fetched: need.len(), ..Default::default() };

@@ -189,6 +189,16 @@ fn cache_is_bounded_and_rebuildable() {
     // A second sync reads no record again (ETags unchanged).
     let again = sync::sync(&b, b.remote().unwrap(), None).unwrap();
     assert_eq!((again.updated, again.manifests_fetched), (0, 0));
+    // A name whose manifest is gone still syncs; gc refuses and verify names it.
+    let r6 = put_synthetic(&a, "broken", "", &(9000..9032).collect::<Vec<_>>(), &f);
+    a.remote().unwrap().objects.delete(&r6.manifest_id.parse().unwrap()).unwrap();
+    let dd = TempDir::new("ld");
+    let d = machine(&mem, &dd, None, quick());
+    assert_eq!(sync::sync(&d, d.remote().unwrap(), None).unwrap().names, 7);
+    let e = crate::gc::gc(&d, Duration::ZERO, false).unwrap_err();
+    assert!(e.to_string().contains("gc refused"), "{e}");
+    let v = d.verify_where(crate::store::Where::Bucket, &mut |_, _| Ok(())).unwrap();
+    assert_eq!(v.missing, vec![r6.manifest_id.clone()]);
     // The cache directory belongs to its bucket.
     let other = Bucket::new(mem.clone(), &url::parse("s3://test-bucket/other").unwrap()).unwrap();
     let e = open_with(other, &db.0, None, 16, 1, 1 << 26, quick()).err().unwrap();
