@@ -61,8 +61,11 @@ fn age(now: SystemTime, m: &Meta) -> Duration {
     now.duration_since(m.modified).unwrap_or(Duration::ZERO)
 }
 
-/// Write a lock of `kind` and return it with the other locks' (key, kind, live).
-fn write_and_list(bucket: &Arc<Bucket>, kind: Kind, stale: Duration) -> Result<(LockGuard, Vec<(Meta, Kind, bool)>), RemoteError> {
+/// Another lock seen: its metadata, kind, and whether it is live (younger than the stale age).
+type Seen = (Meta, Kind, bool);
+
+/// Write a lock of `kind` and return it with the other locks.
+fn write_and_list(bucket: &Arc<Bucket>, kind: Kind, stale: Duration) -> Result<(LockGuard, Vec<Seen>), RemoteError> {
     let key = format!("locks/{}-{}", kind.tag(), random_suffix());
     let body = serde_json::json!({"kind": kind.tag(), "pid": std::process::id(),
         "host": std::env::var("HOSTNAME").unwrap_or_default()});

@@ -221,9 +221,9 @@ impl Store {
             names.push((NameRef { namespace, name }, id));
             // Manifests a lost race displaced (bucket stores) stay live; unreadable ones protect nothing.
             for d in rec.displaced {
-                if !manifests.contains_key(&d) {
+                if let std::collections::hash_map::Entry::Vacant(e) = manifests.entry(d) {
                     if let Ok(m) = self.read_manifest(r, d) {
-                        manifests.insert(d, m.referenced());
+                        e.insert(m.referenced());
                     }
                 }
             }
