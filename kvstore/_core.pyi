@@ -30,6 +30,14 @@ def hash_file(path: str) -> str:
     """blake3 hex digest of a file's content."""
 def inspect_state(path: str) -> dict[str, Any]:
     """Parse a slot file: {file_bytes, n_tokens, tokens, layout, n_stream, n_checkpoints, blocks}; raises FormatError."""
+def cut_state(path: str, n_tokens: int, n_swa: int, out_path: str, *, extras: Sequence[str] = (),
+              n_stream: Optional[int] = None) -> dict[str, Any]:
+    """Write the first `n_tokens` of the slot file `path` as a slot file that llama-server resumes at exactly
+    n_tokens (non-SWA rows [0, P), SWA rows of the window before P, a context checkpoint at P; docs/design.md
+    "Prefix states"). `n_swa`: the model's sliding window (0 without SWA layers). SWA rows may also come from
+    the slot files `extras` when their tokens and non-SWA rows agree. Returns {n_tokens, window: [start, end],
+    origins: [[state, checkpoint|None, start, end], ...], file_bytes}, or {missing: [[start, end], ...]} and
+    writes nothing when no source holds those rows. Raises FormatError for a bad file or n_tokens."""
 
 class Store:
     path: str

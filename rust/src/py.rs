@@ -223,6 +223,60 @@ fn inspect_state<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyA
     dict(py, &r)
 }
 
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Cut {
+    File { n_tokens: u32, window: (i32, i32), origins: Vec<(usize, Option<usize>, i32, i32)>, file_bytes: usize },
+    Missing { missing: Vec<(i32, i32)> },
+}
+
+/// The first `n_tokens` of the slot file at `path` as a slot file written to `out_path` (format/prefix.rs);
+/// SWA rows may also come from the slot files `extras`. Returns `{"n_tokens", "window", "origins",
+/// "file_bytes"}`, or `{"missing": [[start, end], ...]}` (nothing written) when no file holds those rows.
+#[pyfunction]
+#[pyo3(signature = (path, n_tokens, n_swa, out_path, *, extras = Vec::new(), n_stream = None))]
+fn cut_state<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    n_tokens: u32,
+    n_swa: u32,
+    out_path: PathBuf,
+    extras: Vec<PathBuf>,
+    n_stream: Option<u32>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let r = py.detach(|| -> Result<Cut, Error> {
+        let read = |p: &PathBuf| -> Result<_, Error> {
+            let bytes = std::fs::read(p).map_err(|e| Error::io(p, e))?;
+            Ok(crate::format::decompose(&bytes, BLOCK_SIZE_DEFAULT)?)
+        };
+        let base = read(&path)?;
+        let others = extras.iter().map(read).collect::<Result<Vec<_>, _>>()?;
+        fn blocks(d: &crate::format::Decomposed) -> Vec<&[u8]> {
+            d.blocks.iter().map(|b| b.bytes.as_slice()).collect()
+        }
+        let bb = blocks(&base);
+        let ob: Vec<Vec<&[u8]>> = others.iter().map(blocks).collect();
+        let refs: Vec<_> =
+            others.iter().zip(&ob).map(|(d, b)| crate::format::StateRef { skeleton: &d.skeleton, blocks: b }).collect();
+        let spec = crate::format::PrefixSpec { n_tokens, n_swa, n_stream };
+        match crate::format::emit_prefix(crate::format::StateRef { skeleton: &base.skeleton, blocks: &bb }, &refs, &spec)? {
+            crate::format::Prefix::Missing { missing } => {
+                Ok(Cut::Missing { missing: missing.into_iter().map(|r| (r.start, r.end)).collect() })
+            }
+            crate::format::Prefix::File { bytes, window, origins } => {
+                std::fs::write(&out_path, &bytes).map_err(|e| Error::io(&out_path, e))?;
+                Ok(Cut::File {
+                    n_tokens,
+                    window: (window.start, window.end),
+                    origins: origins.into_iter().map(|o| (o.state, o.checkpoint, o.positions.start, o.positions.end)).collect(),
+                    file_bytes: bytes.len(),
+                })
+            }
+        }
+    })?;
+    dict(py, &r)
+}
+
 /// A content-addressed, deduplicating store of slot states. Thread-safe: share one across threads.
 #[pyclass(frozen, name = "Store", module = "kvstore._core")]
 struct PyStore {
@@ -425,5 +479,6 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate_name, m)?)?;
     m.add_function(wrap_pyfunction!(hash_file, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_state, m)?)?;
+    m.add_function(wrap_pyfunction!(cut_state, m)?)?;
     Ok(())
 }

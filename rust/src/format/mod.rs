@@ -6,19 +6,27 @@
 //!
 //! Modules: `reader` (bounds-checked cursor), `model` (the parsed structure), `parse` (file -> structure),
 //! `plan` (cells -> blocks by position), `emit` (rows between file and block layout), `skeleton` (the
-//! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there).
+//! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there),
+//! `rows` (row access to a decomposed state), `checkpoint` (sections from chosen rows, the cut checkpoint),
+//! `prefix` (a slot file for the first P tokens of a state).
 
+mod checkpoint;
 mod emit;
 mod layout;
 mod model;
 mod parse;
 mod plan;
+mod prefix;
 mod reader;
+mod rows;
 mod skeleton;
+#[cfg(test)]
+mod prefix_tests;
 #[cfg(test)]
 mod tests;
 
 use model::SlotFile;
+pub use prefix::{emit_prefix, Prefix, PrefixSpec, RowOrigin, StateRef};
 use plan::Plan;
 
 /// First bytes of every skeleton (`b"KVSK"`), followed by a u32 skeleton version.
