@@ -234,7 +234,7 @@ enum Cut {
 /// SWA rows may also come from the slot files `extras`. Returns `{"n_tokens", "window", "origins",
 /// "file_bytes"}`, or `{"missing": [[start, end], ...]}` (nothing written) when no file holds those rows.
 #[pyfunction]
-#[pyo3(signature = (path, n_tokens, n_swa, out_path, *, extras = Vec::new(), n_stream = None))]
+#[pyo3(signature = (path, n_tokens, n_swa, out_path, *, extras = Vec::new(), n_stream = None, fill_masked = 0))]
 fn cut_state<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -243,6 +243,7 @@ fn cut_state<'py>(
     out_path: PathBuf,
     extras: Vec<PathBuf>,
     n_stream: Option<u32>,
+    fill_masked: u32,
 ) -> PyResult<Bound<'py, PyAny>> {
     let r = py.detach(|| -> Result<Cut, Error> {
         let read = |p: &PathBuf| -> Result<_, Error> {
@@ -258,7 +259,7 @@ fn cut_state<'py>(
         let ob: Vec<Vec<&[u8]>> = others.iter().map(blocks).collect();
         let refs: Vec<_> =
             others.iter().zip(&ob).map(|(d, b)| crate::format::StateRef { skeleton: &d.skeleton, blocks: b }).collect();
-        let spec = crate::format::PrefixSpec { n_tokens, n_swa, n_stream };
+        let spec = crate::format::PrefixSpec { n_tokens, n_swa, n_stream, fill_masked };
         match crate::format::emit_prefix(crate::format::StateRef { skeleton: &base.skeleton, blocks: &bb }, &refs, &spec)? {
             crate::format::Prefix::Missing { missing } => {
                 Ok(Cut::Missing { missing: missing.into_iter().map(|r| (r.start, r.end)).collect() })

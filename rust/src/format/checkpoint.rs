@@ -20,11 +20,43 @@ use super::parse::SCKP_MAGIC;
 use super::reader::PutLe;
 use super::rows::SecRows;
 
-/// One cell of an output section: the row at `pos` of `src`.
+/// One cell of an output section: the row at `pos` of `src`, or (`None`) a zero row for a position that every
+/// later query masks (it only keeps the window's cells where a fresh evaluation keeps them, see `prefix.rs`).
 #[derive(Clone, Copy)]
 pub(crate) struct Pick<'r, 'a> {
     pub pos: i32,
-    pub src: &'r SecRows<'a>,
+    pub src: Option<&'r SecRows<'a>>,
+}
+
+impl<'r, 'a> Pick<'r, 'a> {
+    fn k<'z>(&self, l: usize, zero: &'z [u8]) -> &'z [u8]
+    where
+        'a: 'z,
+    {
+        self.src.map_or(zero, |s| s.k(l, self.pos))
+    }
+
+    fn v<'z>(&self, l: usize, zero: &'z [u8]) -> &'z [u8]
+    where
+        'a: 'z,
+    {
+        self.src.map_or(zero, |s| s.v(l, self.pos))
+    }
+
+    fn meta(&self, shape: &SecRows<'_>, out: &mut Vec<u8>) {
+        match self.src {
+            Some(s) => out.extend_from_slice(s.meta(self.pos)),
+            None => {
+                // Any held cell's entry (n_seq_id 1, the slot's seq id; ext zeroed) with this position.
+                let at = out.len();
+                out.extend_from_slice(shape.meta(shape.cells.pos[0]));
+                out[at..at + 4].copy_from_slice(&self.pos.to_le_bytes());
+                if shape.cell_ext {
+                    out[at + 8..at + 20].fill(0);
+                }
+            }
+        }
+    }
 }
 
 /// A KV section of `picks` (all of `shape`'s layer layout), cells in stream `cell_stream` of `n_stream`.
@@ -38,7 +70,7 @@ pub(crate) fn write_section(out: &mut Vec<u8>, n_stream: u32, cell_stream: u32, 
         let c = shape.cells;
         out.put_u32(picks.len() as u32);
         for p in picks {
-            out.extend_from_slice(p.src.meta(p.pos));
+            p.meta(shape, out);
         }
         out.put_u32(c.v_trans);
         out.put_u32(c.layers.len() as u32);
@@ -47,17 +79,19 @@ pub(crate) fn write_section(out: &mut Vec<u8>, n_stream: u32, cell_stream: u32, 
         for (l, hdr) in c.layers.iter().enumerate() {
             out.put_i32(hdr.k_ty);
             out.put_u64(hdr.k_row);
+            let zero = vec![0u8; hdr.k_row as usize];
             for p in picks {
-                out.extend_from_slice(p.src.k(l, p.pos));
+                out.extend_from_slice(p.k(l, &zero));
             }
         }
         for (l, hdr) in c.layers.iter().enumerate() {
+            let zero = vec![0u8; hdr.v.row_bytes() as usize];
             match hdr.v {
                 VLayout::Rows { ty, row } => {
                     out.put_i32(ty);
                     out.put_u64(row);
                     for p in picks {
-                        out.extend_from_slice(p.src.v(l, p.pos));
+                        out.extend_from_slice(p.v(l, &zero));
                     }
                 }
                 VLayout::Trans { ty, el, n_embd } => {
@@ -65,7 +99,7 @@ pub(crate) fn write_section(out: &mut Vec<u8>, n_stream: u32, cell_stream: u32, 
                     out.put_u32(el);
                     out.put_u32(n_embd);
                     let el = el as usize;
-                    let rows: Vec<&[u8]> = picks.iter().map(|p| p.src.v(l, p.pos)).collect();
+                    let rows: Vec<&[u8]> = picks.iter().map(|p| p.v(l, &zero)).collect();
                     for j in 0..if el == 0 { 0 } else { n_embd as usize } {
                         for r in &rows {
                             out.extend_from_slice(&r[j * el..(j + 1) * el]);

@@ -8,6 +8,15 @@
 //!   resumes at P with nothing re-evaluated. A cache without SWA section gets no appendix.
 //! * `Prefix::Missing`: positions whose rows no source holds; nothing is emitted.
 //!
+//! Cell layout: llama.cpp restores cells into the first free cells of the slot's stream, in file order. A
+//! fresh evaluation of P <= (SWA cache size) tokens keeps position q in cell q, masked cells included; with
+//! the window alone the same rows sit at other cell indices and some CPU kernels (flash attention on f16,
+//! softmax without it) then sum in another order: a few tenths of a percent in probabilities. `fill_masked`
+//! restores the fresh layout by writing zero rows for the masked positions `[0, P - n_swa)` in the body's SWA
+//! section (never in the checkpoint): every query at or after P masks them, and the server never saves them
+//! again (its save drops masked cells). The SWA cache must hold P cells, else the restore fails: the caller
+//! passes the cache size it knows.
+//!
 //! Where the SWA rows come from, first hit per position: the base's body, the base's checkpoints (newest
 //! first), then each extra state's body and checkpoints in the order given. A row of an extra state is used
 //! only if that state's tokens equal the base's through that position and its non-SWA rows at that
@@ -38,6 +47,9 @@ pub struct PrefixSpec {
     pub n_swa: u32,
     /// Emit for a server with this many streams; `None` keeps the base's layout.
     pub n_stream: Option<u32>,
+    /// When P is at most this (the server's SWA cache size in cells), the SWA section also holds zero rows
+    /// for `[0, P - n_swa)`; 0 = never. See "Cell layout" above.
+    pub fill_masked: u32,
 }
 
 /// Where the rows of a range of window positions came from: `state` 0 is the base, `i + 1` is `extras[i]`;
@@ -148,7 +160,7 @@ pub fn emit_prefix(base: StateRef<'_>, extras: &[StateRef<'_>], spec: &PrefixSpe
             });
             match hit {
                 Some(c) => {
-                    picks.push(Pick { pos: q, src: c.rows });
+                    picks.push(Pick { pos: q, src: Some(c.rows) });
                     match origins.last_mut() {
                         Some(o) if o.state == c.state && o.checkpoint == c.checkpoint && o.positions.end == q => {
                             o.positions.end += 1
@@ -169,7 +181,7 @@ pub fn emit_prefix(base: StateRef<'_>, extras: &[StateRef<'_>], spec: &PrefixSpe
     let words = cut_words(b.words, &b.tokens, p).map_err(|d| invalid("token payload", d))?;
     let streams = |i: usize| spec.n_stream.map_or((b.body[i].0, b.body[i].1), |k| (k, 0));
     let (n_stream, cell_stream) = streams(0);
-    let full_picks: Vec<Pick<'_, '_>> = (0..p_i).map(|q| Pick { pos: q, src: full }).collect();
+    let full_picks: Vec<Pick<'_, '_>> = (0..p_i).map(|q| Pick { pos: q, src: Some(full) }).collect();
     let mut out = Vec::new();
     out.put_u32(MAGIC);
     out.put_u32(VERSION);
@@ -178,7 +190,14 @@ pub fn emit_prefix(base: StateRef<'_>, extras: &[StateRef<'_>], spec: &PrefixSpe
     write_section(&mut out, n_stream, cell_stream, full, &full_picks);
     if let Some(swa) = swa {
         let (s_stream, s_cell) = streams(1);
-        write_section(&mut out, s_stream, s_cell, swa, &picks);
+        let filled: Vec<Pick<'_, '_>>;
+        let body_picks = if window.start > 0 && spec.fill_masked >= spec.n_tokens {
+            filled = (0..window.start).map(|q| Pick { pos: q, src: None }).chain(picks.iter().copied()).collect();
+            &filled
+        } else {
+            &picks
+        };
+        write_section(&mut out, s_stream, s_cell, swa, body_picks);
         // Keep the saving build's blob magic and slot id when the base has a checkpoint to copy them from.
         let (io_magic, seq_id) = b.checkpoints.first().map_or((parse::IO_MAGIC, 0), |c| (c.io_magic, c.seq_id));
         let ck = CutCheckpoint {

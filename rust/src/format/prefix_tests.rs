@@ -28,7 +28,7 @@ fn emit(base: &Dec, extras: &[&Dec], p: u32, n_swa: u32) -> Prefix {
     let bb = base.blocks();
     let eb: Vec<Vec<&[u8]>> = extras.iter().map(|e| e.blocks()).collect();
     let refs: Vec<StateRef<'_>> = extras.iter().zip(&eb).map(|(e, b)| StateRef { skeleton: &e.0.skeleton, blocks: b }).collect();
-    emit_prefix(StateRef { skeleton: &base.0.skeleton, blocks: &bb }, &refs, &PrefixSpec { n_tokens: p, n_swa, n_stream: None })
+    emit_prefix(StateRef { skeleton: &base.0.skeleton, blocks: &bb }, &refs, &PrefixSpec { n_tokens: p, n_swa, n_stream: None, fill_masked: 0 })
         .unwrap()
 }
 
@@ -151,16 +151,48 @@ fn bad_requests_are_errors() {
     let base = StateRef { skeleton: &d.0.skeleton, blocks: &bb };
     let n = d.0.tokens.len() as u32;
     for spec in [
-        PrefixSpec { n_tokens: 0, n_swa: 512, n_stream: None },
-        PrefixSpec { n_tokens: n + 1, n_swa: 512, n_stream: None },
-        PrefixSpec { n_tokens: 10, n_swa: 0, n_stream: None },
-        PrefixSpec { n_tokens: 10, n_swa: 512, n_stream: Some(0) },
+        PrefixSpec { n_tokens: 0, n_swa: 512, n_stream: None, fill_masked: 0 },
+        PrefixSpec { n_tokens: n + 1, n_swa: 512, n_stream: None, fill_masked: 0 },
+        PrefixSpec { n_tokens: 10, n_swa: 0, n_stream: None, fill_masked: 0 },
+        PrefixSpec { n_tokens: 10, n_swa: 512, n_stream: Some(0), fill_masked: 0 },
     ] {
         assert!(emit_prefix(base, &[], &spec).is_err(), "{spec:?}");
     }
-    assert!(emit_prefix(StateRef { skeleton: &d.0.skeleton, blocks: &bb[1..] }, &[], &PrefixSpec { n_tokens: 5, n_swa: 512, n_stream: None }).is_err());
+    assert!(emit_prefix(StateRef { skeleton: &d.0.skeleton, blocks: &bb[1..] }, &[], &PrefixSpec { n_tokens: 5, n_swa: 512, n_stream: None, fill_masked: 0 }).is_err());
     // Another stream count: the cells move to stream 0 of k streams.
-    let Prefix::File { bytes, .. } = emit_prefix(base, &[], &PrefixSpec { n_tokens: 40, n_swa: 512, n_stream: Some(3) }).unwrap() else { panic!() };
+    let Prefix::File { bytes, .. } = emit_prefix(base, &[], &PrefixSpec { n_tokens: 40, n_swa: 512, n_stream: Some(3), fill_masked: 0 }).unwrap() else { panic!() };
     let o = parse::parse_file(&bytes).unwrap();
     assert!(o.sections.iter().all(|s| s.n_stream == 3 && s.cell_stream == 0));
+}
+
+#[test]
+fn fill_masked_keeps_the_fresh_cell_layout() {
+    let Some(f) = real("gemma3_parent.bin") else { return };
+    let d = Dec::of(&f);
+    let bb = d.blocks();
+    let base = StateRef { skeleton: &d.0.skeleton, blocks: &bb };
+    let spec = |fill| PrefixSpec { n_tokens: 300, n_swa: 64, n_stream: None, fill_masked: fill };
+    // P above the cache size: the window alone, exactly as without the option.
+    let Prefix::File { bytes: plain, .. } = emit_prefix(base, &[], &spec(0)).unwrap() else { panic!() };
+    let Prefix::File { bytes: small, .. } = emit_prefix(base, &[], &spec(299)).unwrap() else { panic!() };
+    assert_eq!(plain, small);
+    let Prefix::File { bytes, window, .. } = emit_prefix(base, &[], &spec(300)).unwrap() else { panic!() };
+    assert_eq!(window, 236..300);
+    let o = parse::parse_file(&bytes).unwrap();
+    let s = parse::parse_file(&f).unwrap();
+    let swa = o.sections[1].cells.as_ref().unwrap();
+    assert_eq!(swa.pos, (0..300).collect::<Vec<_>>(), "masked positions first, in position order");
+    for l in 0..swa.layers.len() {
+        for q in 0..236 {
+            let (k, v) = row(swa, l, q).unwrap();
+            assert!(k.iter().chain(&v).all(|&b| b == 0), "masked row {q} is zero");
+        }
+        for q in 236..300 {
+            assert_eq!(row(swa, l, q), row(s.sections[1].cells.as_ref().unwrap(), l, q));
+        }
+    }
+    // the checkpoint holds the window only, and its range is that of the window
+    assert_eq!(ck_cells(&o, 0).pos, (236..300).collect::<Vec<_>>());
+    let c = &o.appendix.as_ref().unwrap().checkpoints[0];
+    assert_eq!((c.pos_min, c.pos_max), (235, 300));
 }
