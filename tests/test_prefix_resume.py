@@ -24,6 +24,7 @@ from conftest import post_ok
 from make_states import ARTICLE, QUESTION
 
 import kvstore._core as core
+from kvstore.gguf import sliding_window
 
 N_SWA = 512  # gemma3-270m: gemma3.attention.sliding_window
 SWA_CELLS = 1024  # the servers' SWA cache per slot: pad256(n_swa + n_ubatch) = pad256(512 + 512)
@@ -55,6 +56,7 @@ def pair(request, models, tmp_path_factory):
     from conftest import Server
 
     d = tmp_path_factory.mktemp("prefix")
+    assert sliding_window(str(models["gemma3"])) == N_SWA
     kw = dict(parallel=2, ctx_size=4096, ubatch_size=512, **CONFIGS[request.param])
     a = Server(models["gemma3"], d, **kw)
     r = Server(models["gemma3"], None, **kw)
