@@ -57,6 +57,16 @@ class Store:
                     n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]:
         """Write the named state as a slot file (temp + rename). Byte-exact unless n_stream differs.
         Returns {manifest_id, n_tokens, file_bytes, objects_read, read_raw_bytes, read_stored_bytes, elapsed_s}."""
+    def materialize_prefix(self, name: Optional[str], n_tokens: int, out_path: str, *, namespace: str = "",
+                           manifest_id: Optional[str] = None, expect: Optional[Mapping[str, str]] = None,
+                           n_stream: Optional[int] = None, fill_masked: int = 0) -> dict[str, Any]:
+        """The first n_tokens of a stored state (`name`, or `manifest_id` with name None) as a slot file that
+        llama-server resumes at exactly n_tokens: non-SWA rows [0, P), the SWA window before P, a context
+        checkpoint at P (docs/design.md "Prefix states"). Window rows the state lacks are taken from other live
+        states of the namespace with the same fingerprint and identical rows. `fill_masked`: the server's SWA
+        cache cells per slot, to keep a fresh evaluation's cell layout (0 = off). Returns {manifest_id, n_tokens,
+        file_bytes, window, origins: [[manifest_id, checkpoint|None, start, end]], objects_read, elapsed_s}, or
+        {manifest_id, n_tokens, missing: [[start, end]], reason} and writes nothing when it cannot be emitted."""
     def materialize_manifest(self, manifest_id: str, out_path: str, *, expect: Optional[Mapping[str, str]] = None,
                              n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]: ...
     def lookup(self, tokens: Sequence[int], *, namespace: str = "", fingerprint: Optional[Mapping[str, str]] = None

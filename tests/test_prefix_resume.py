@@ -151,3 +151,36 @@ def test_missing_window_rows_are_reported_not_emitted(pair, tmp_path):
     assert not out.exists(), "nothing is written for a prefix that cannot be emitted"
     lent = core.cut_state(str(first), n - 100, 64, str(out), extras=[str(d / "base.bin")])
     assert lent["window"] == [n - 164, n - 100] and all(o[0] == 1 for o in lent["origins"]), lent
+
+
+def test_store_cuts_a_stored_state_with_rows_lent_by_another(pair, tmp_path):
+    """Store.materialize_prefix: rows the state lacks come from another stored state with identical rows; the
+    emitted file resumes at P exactly like the reference server."""
+    import kvstore
+
+    d, n = pair["dir"], len(pair["tokens"])
+    store = kvstore.Store(str(tmp_path / "store"))
+    fp = {"model": "gemma3-test", "n_swa": str(N_SWA)}
+    # "late": the base cut at n - 8, so its SWA rows start at n - 8 - 512
+    assert "window" in core.cut_state(str(d / "base.bin"), n - 8, N_SWA, str(tmp_path / "late.bin"))
+    store.ingest("late", str(tmp_path / "late.bin"), fingerprint=fp)
+    p = 300
+    lacking = n - 8 - N_SWA
+    out = d / "stored_cut.bin"
+    got = store.materialize_prefix("late", p, str(out), fill_masked=SWA_CELLS)
+    assert got["missing"] == [[0, lacking]] and not out.exists(), got
+    # without n_swa in the fingerprint an SWA state is never cut
+    store.ingest("no-swa", str(tmp_path / "late.bin"), fingerprint={"model": "gemma3-test"})
+    assert "n_swa" in store.materialize_prefix("no-swa", p, str(out))["reason"]
+
+    store.ingest("base", str(d / "base.bin"), fingerprint=fp)
+    base_id = store.get("base")["manifest_id"]
+    got = store.materialize_prefix("late", p, str(out), fill_masked=SWA_CELLS)
+    assert got["window"] == [0, p] and got["n_tokens"] == p, got
+    assert any(o[0] == base_id and o[2] == 0 for o in got["origins"]), got
+    post_ok(pair["a"].url + "/slots/1?action=restore", {"filename": out.name})
+    prompt = pair["tokens"][:p] + pair["new"]
+    ours = greedy(pair["a"].url, prompt, 1, cache=True)
+    ref = greedy(pair["r"].url, prompt, 0, cache=False)
+    assert ours["timings"]["prompt_n"] == len(pair["new"]) and ours["timings"]["cache_n"] == p
+    assert top(ours) == top(ref)

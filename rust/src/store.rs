@@ -25,6 +25,9 @@ use crate::manifest::{
 };
 use crate::objects::{fsync_dir, random_suffix, ObjectError, ObjectId, ObjectStore, Put};
 
+mod prefix;
+pub use prefix::{PrefixOptions, PrefixReport};
+
 pub const BLOCK_SIZE_DEFAULT: u32 = 32;
 pub const LEVEL_DEFAULT: i32 = 1;
 pub const MAP_SIZE_DEFAULT: usize = 64 << 30;
