@@ -22,6 +22,7 @@ from kvstore.config import sync_dir
 from kvstore.fingerprint import server_fingerprint
 
 from . import naming as nm
+from . import prefix as pf
 from .metrics import Metrics, timings_from_sse_tail
 from .slots import Lease, QueueFull, Slot, SlotTable
 from .syncdir import SyncDir
@@ -45,6 +46,9 @@ class HooksConfig:
     max_queue: int = 64
     fingerprint_extra: dict = field(default_factory=dict)  # added to the server fingerprint (e.g. swa_full)
     ready_timeout: float = 300.0
+    # SWA models: the server's SWA cache cells per slot (hooks/prefix.py swa_cells), so a cut keeps a fresh
+    # evaluation's cell layout; 0 when unknown (an external llama-server): the cut carries the window alone.
+    swa_cells: int = 0
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", headers: Optional[dict] = None) -> web.Response:
@@ -236,6 +240,84 @@ class Hooks:
         r["kvstore"] = info
         return r
 
+    async def _restore_cut(self, lease: Lease, naming: nm.Naming, tokens_fn, hint: Optional[dict]
+                           ) -> Optional[tuple[str, int]]:
+        """SWA models: restore the stored state (own name, parent, or longest stored prefix) that shares the most
+        tokens with the prompt, cut there (hooks/prefix.py). None when nothing applies or the cut cannot be emitted
+        (counted as prefix_unavailable): the caller then goes on as for any other model."""
+        if int(self.fingerprint.get("n_swa") or 0) <= 0:
+            return None
+        from kvstore._core import KvStoreError, NameNotFound
+
+        tokens = await tokens_fn()
+        if not tokens:
+            return None
+        ns = naming.namespace
+        cands: list[pf.Candidate] = []
+        for kind, name in (("restored", naming.name), ("parent", naming.parent)):
+            if not name:
+                continue
+            try:
+                st = await asyncio.to_thread(self.store.tokens, name, namespace=ns)
+            except NameNotFound:
+                continue
+            cands.append(pf.Candidate(kind, name, None, len(st), pf.common_prefix(st, tokens)))
+        if hint is None:
+            hint = await self._lookup(ns, tokens)
+        if hint is not None:
+            cands.append(pf.Candidate("prefix", hint.get("name") or None, hint["manifest_id"],
+                                      int(hint["n_tokens"]), int(hint["n_common"])))
+        c = pf.best(cands, self.block_size)
+        if c is None or c.n_common <= lease.lcp:
+            return None
+        p = pf.cut_point(c)
+        slot = lease.slot
+
+        async def run() -> Optional[dict]:
+            t0 = time.perf_counter()
+            with self.sync.temp() as (fn, path):
+                try:
+                    if c.kind == "prefix":
+                        info = await asyncio.to_thread(
+                            self.store.materialize_prefix, None, p, str(path), namespace=ns,
+                            manifest_id=c.manifest_id, expect=self.expect(), n_stream=self.n_slots,
+                            fill_masked=self.cfg.swa_cells)
+                    else:
+                        info = await asyncio.to_thread(
+                            self.store.materialize_prefix, c.name, p, str(path), namespace=ns, expect=self.expect(),
+                            n_stream=self.n_slots, fill_masked=self.cfg.swa_cells)
+                except (KvStoreError, OSError) as e:
+                    log.error("slot %d: cut of %s at %d failed: %s", slot.id, c.name or c.manifest_id, p, e)
+                    self.metrics.inc("prefix_unavailable")
+                    return None
+                if "missing" in info:
+                    log.info("slot %d: no cut of %s at %d: %s %s", slot.id, c.name or c.manifest_id, p,
+                             info.get("reason"), info.get("missing"))
+                    self.metrics.inc("prefix_unavailable")
+                    return None
+                self.metrics.inc("bytes_materialized", int(info.get("file_bytes") or 0))
+                try:
+                    r = await self.up.slot_action(slot.id, "restore", fn)
+                except UpstreamReply as e:
+                    self._restore_failed(slot, f"llama-server refused the cut of {c.name or c.manifest_id}: {e}")
+                    raise RestoreFailed(e.body.decode(errors="replace")) from e
+                except UpstreamError:
+                    slot.clear()
+                    raise
+            self.metrics.inc("restore_seconds", time.perf_counter() - t0)
+            self.metrics.inc("restore_count")
+            self.metrics.inc("tokens_restored", int(r.get("n_restored") or 0))
+            return r
+
+        r = await lease.shielded(run())
+        if r is None:
+            return None
+        if c.kind == "parent":
+            slot.parent = naming.parent if naming.name else None
+        elif c.kind == "prefix" and naming.name and c.name and c.name != naming.name:
+            slot.parent = c.name
+        return c.kind, int(r.get("n_restored") or 0)
+
     def _restore_failed(self, slot: Slot, why: str) -> None:
         log.error("slot %d: restore failed, continuing with a full evaluation: %s", slot.id, why)
         self.metrics.inc("restore_failures")
@@ -292,6 +374,9 @@ class Hooks:
             return "parent", 0
         ns = naming.namespace
         try:
+            cut = await self._restore_cut(lease, naming, tokens_fn, hint)
+            if cut is not None:
+                return cut
             if naming.name:
                 try:
                     r = await self._restore(lease, ns, name=naming.name)

@@ -137,8 +137,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             extra["swa_full"] = "on" if args.swa_full else "off"
             engine = start_engine(args)
             upstream = engine.url
+        cells = 0
+        if engine is not None:
+            from kvstore.gguf import sliding_window
+
+            from .prefix import swa_cells
+
+            c = engine.config
+            cells = swa_cells(sliding_window(c.model), c.ubatch_size, c.ctx_size // max(1, c.parallel), c.kv_unified,
+                              c.swa_full, c.parallel)
         cfg = HooksConfig(upstream=upstream, store=Path(args.store), name_from_user=args.name_from_user,
-                          idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra)
+                          idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra,
+                          swa_cells=cells)
         asyncio.run(_serve(cfg, args.host, args.port))
     except KeyboardInterrupt:
         pass

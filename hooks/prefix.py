@@ -1,0 +1,59 @@
+"""Prefix states for sliding-window models (docs/design.md "Prefix states", docs/hooks.md).
+
+On an SWA model (Gemma 2/3, ...) a restored state helps only if llama-server finds a context checkpoint at or
+before the point where the prompt leaves it; otherwise it re-evaluates the whole prompt, and even a prompt that
+extends the state rolls back a few tokens. So the hooks never restore an SWA state whole: among the request's
+own name, its parent and the longest stored prefix (any state of the namespace), the state sharing the most
+tokens with the prompt is cut at that common prefix P (`Store.materialize_prefix`), with a checkpoint at P,
+and llama-server evaluates only the tokens after P. A cut that cannot be emitted (window rows not stored) is
+never handed to llama-server; the caller then serves the request as before and counts it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+# Order of preference among equal common prefixes: the request's own state, its parent, any other state.
+KINDS = ("restored", "parent", "prefix")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str  # one of KINDS: the X-KV-Cache value when it wins
+    name: Optional[str]  # a stored name, or None for a bare manifest (lookup hit without a live name)
+    manifest_id: Optional[str]
+    n_tokens: int  # tokens of the stored state
+    n_common: int  # common prefix with the prompt
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def best(candidates: Sequence[Candidate], min_tokens: int) -> Optional[Candidate]:
+    """The candidate with the longest common prefix (at least `min_tokens`), preferring KINDS' order on ties."""
+    usable = [c for c in candidates if c.n_common >= max(1, min_tokens)]
+    if not usable:
+        return None
+    return max(usable, key=lambda c: (c.n_common, -KINDS.index(c.kind)))
+
+
+def cut_point(c: Candidate) -> int:
+    """P: where the chosen state is cut. Never beyond the state; a prompt that extends it is cut at its end, so
+    the server resumes there with its checkpoint instead of rolling back to one of its own."""
+    return min(c.n_common, c.n_tokens)
+
+
+def swa_cells(n_swa: int, n_ubatch: int, n_ctx_slot: int, kv_unified: bool, swa_full: bool, n_seq: int) -> int:
+    """llama.cpp's SWA cache size in cells per stream (llama_kv_cache_iswa): what a filled cut may hold.
+
+    0 when it is not known to be a per-slot ring (unified cache or --swa-full): the cut then carries the window
+    alone, which restores everywhere."""
+    if n_swa <= 0 or kv_unified or swa_full:
+        return 0
+    return (min(n_ctx_slot, n_swa + n_ubatch) + 255) // 256 * 256  # GGML_PAD(..., 256), llama-kv-cache-iswa.cpp
