@@ -7,6 +7,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Optional
 
+from kvstore import llama
+
 
 @dataclass
 class Result:
@@ -27,7 +29,8 @@ def post_json(url: str, body: dict, headers: Optional[dict] = None, timeout: flo
 
 
 def tokenize(base: str, text: str) -> list:
-    return post_json(base + "/tokenize", {"content": text, "add_special": True})["tokens"]
+    """The tokens llama-server evaluates for `text` as a prompt (kvstore.llama's request)."""
+    return llama.tokens_of(post_json(base + llama.TOKENIZE, llama.tokenize_request(text)))
 
 
 def complete(base: str, prompt: str, n_predict: int, extra: Optional[dict] = None,

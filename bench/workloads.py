@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hooks.slots import common_prefix as lcp
+from kvstore.hooks.slots import common_prefix as lcp
 
 from . import text
 from .client import complete, post_json, tokenize

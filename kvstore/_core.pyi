@@ -1,8 +1,18 @@
-"""Types of the compiled core (rust/src/py.rs). Every call releases the GIL while it works."""
-from typing import Any, Callable, Mapping, Optional, Sequence
+"""Types of the compiled core (rust/src/py/). Every call releases the GIL while it works.
+
+Checked against the compiled module by mypy's stubtest (tests/test_stub.py): keep the two in step.
+"""
+from typing import Any, Callable, Mapping, Optional, Sequence, final
+
+__all__ = [
+    "KvStoreError", "FormatError", "CorruptObject", "FingerprintMismatch", "NameNotFound", "InvalidName",
+    "StoreFull", "__version__", "DEFAULT_BLOCK_SIZE", "Store", "validate_name", "hash_file", "inspect_state",
+    "layout_is_empty", "cut_state",
+]
 
 __version__: str
-BLOCK_SIZE_DEFAULT: int
+DEFAULT_BLOCK_SIZE: int
+"""Tokens per block of a new store (an existing store keeps the block size it was created with)."""
 
 class KvStoreError(Exception):
     """Base of every kvstore error; the message says what to do next."""
@@ -12,52 +22,81 @@ class FormatError(KvStoreError, ValueError):
 
 class CorruptObject(KvStoreError):
     """A stored object is missing or does not match its hash; run `kvstore verify`."""
+    object_id: Optional[str]
+    """The object's full hex id, or None (a corrupt index row)."""
 
 class FingerprintMismatch(KvStoreError):
     """A state was asked for a server it cannot be restored into; the message names the differing key."""
+    name: Optional[str]
+    """The state as messages show it (`name`, `namespace/name` or `manifest 3fa2c1d0`)."""
+    key: Optional[str]
+    """The differing fingerprint key (`n_ctx_slot` when the server's slot context is too small)."""
+    stored: Optional[str]
+    """The state's value (for `n_ctx_slot`: its token count)."""
+    server: Optional[str]
+    """The server's value."""
 
 class NameNotFound(KvStoreError, KeyError):
     """No state is stored under this (namespace, name)."""
+    name: Optional[str]
+    """None when an unknown manifest id was asked for."""
+    namespace: Optional[str]
 
 class InvalidName(KvStoreError, ValueError):
     """A name or namespace breaks the naming rules (empty, > 200 bytes, '/', '\\\\', '..', control characters)."""
+    what: Optional[str]
+    """'name' or 'namespace'."""
+    value: Optional[str]
+    """The string refused."""
 
 class StoreFull(KvStoreError, OSError):
     """The disk or the LMDB map is full; nothing was committed."""
+    path: Optional[str]  # type: ignore[assignment]
+    """Where the write failed."""
 
 def validate_name(name: str, what: str = "name") -> None: ...
 def hash_file(path: str) -> str:
     """blake3 hex digest of a file's content."""
 def inspect_state(path: str) -> dict[str, Any]:
     """Parse a slot file: {file_bytes, n_tokens, tokens, layout, n_stream, n_checkpoints, blocks}; raises FormatError."""
-def cut_state(path: str, n_tokens: int, n_swa: int, out_path: str, *, extras: Sequence[str] = (),
-              n_stream: Optional[int] = None) -> dict[str, Any]:
+def cut_state(path: str, n_tokens: int, n_swa: int, out_path: str, *, extras: Sequence[str] = ...,
+              n_stream: Optional[int] = None, fill_masked: int = 0) -> dict[str, Any]:
     """Write the first `n_tokens` of the slot file `path` as a slot file that llama-server resumes at exactly
     n_tokens (non-SWA rows [0, P), SWA rows of the window before P, a context checkpoint at P; docs/design.md
     "Prefix states"). `n_swa`: the model's sliding window (0 without SWA layers). SWA rows may also come from
     the slot files `extras` when their tokens and non-SWA rows agree. Returns {n_tokens, window: [start, end],
     origins: [[state, checkpoint|None, start, end], ...], file_bytes}, or {missing: [[start, end], ...]} and
-    writes nothing when no source holds those rows. Raises FormatError for a bad file or n_tokens."""
+    writes nothing when no source holds those rows. `fill_masked`: the server's SWA cache cells per slot, to keep
+    a fresh evaluation's cell layout (0 = off). Raises FormatError for a bad file or n_tokens."""
+def layout_is_empty(layout: str) -> bool:
+    """Whether a layout is an empty slot's (it carries no layers, so it matches any server: never compare or
+    learn it)."""
 
+@final
 class Store:
+    """A content-addressed, deduplicating store of slot states. Thread-safe: share one across threads.
+
+    `namespace` defaults to "" (the default namespace) wherever it is a keyword; `block_size` (tokens per block,
+    recorded when the store is created) to DEFAULT_BLOCK_SIZE.
+    """
     path: str
     block_size: int
-    def __init__(self, path: str, *, block_size: int = 32, level: int = 1, map_size_mib: int = 65536) -> None: ...
-    def ingest(self, name: str, path: str, *, namespace: str = "", fingerprint: Optional[Mapping[str, str]] = None,
+    def __new__(cls, path: str, *, block_size: int = ..., level: int = 1, map_size_mib: int = 65536) -> Store: ...
+    def ingest(self, name: str, path: str, *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None,
                parent: Optional[str] = None, remove_file: bool = False) -> dict[str, Any]:
         """Store a slot file under a name (replacing the previous state of that name).
         `parent` (a name in the same namespace, or a manifest id) is recorded as lineage only; an unknown parent is
         recorded as none, so a save is never lost over lineage. A `layout` key in `fingerprint` (the server's, learned
         from an earlier save) must equal the file's layout, else FingerprintMismatch; it is not stored as identity.
         Returns {name, namespace, manifest_id, n_tokens, file_bytes, blocks, new_objects, new_raw_bytes,
-        new_stored_bytes, reused_bytes, parent_manifest, elapsed_s}."""
-    def ingest_bytes(self, name: str, data: bytes, *, namespace: str = "",
+        new_stored_bytes, reused_bytes, parent_manifest, empty, elapsed_s}."""
+    def ingest_bytes(self, name: str, data: bytes, *, namespace: str = ...,
                      fingerprint: Optional[Mapping[str, str]] = None, parent: Optional[str] = None) -> dict[str, Any]: ...
-    def materialize(self, name: str, out_path: str, *, namespace: str = "", expect: Optional[Mapping[str, str]] = None,
+    def materialize(self, name: str, out_path: str, *, namespace: str = ..., expect: Optional[Mapping[str, str]] = None,
                     n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]:
         """Write the named state as a slot file (temp + rename). Byte-exact unless n_stream differs.
         Returns {manifest_id, n_tokens, file_bytes, objects_read, read_raw_bytes, read_stored_bytes, elapsed_s}."""
-    def materialize_prefix(self, name: Optional[str], n_tokens: int, out_path: str, *, namespace: str = "",
+    def materialize_prefix(self, name: Optional[str], n_tokens: int, out_path: str, *, namespace: str = ...,
                            manifest_id: Optional[str] = None, expect: Optional[Mapping[str, str]] = None,
                            n_stream: Optional[int] = None, fill_masked: int = 0) -> dict[str, Any]:
         """The first n_tokens of a stored state (`name`, or `manifest_id` with name None) as a slot file that
@@ -69,18 +108,19 @@ class Store:
         {manifest_id, n_tokens, missing: [[start, end]], reason} and writes nothing when it cannot be emitted."""
     def materialize_manifest(self, manifest_id: str, out_path: str, *, expect: Optional[Mapping[str, str]] = None,
                              n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]: ...
-    def lookup(self, tokens: Sequence[int], *, namespace: str = "", fingerprint: Optional[Mapping[str, str]] = None
+    def lookup(self, tokens: Sequence[int], *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None
                ) -> Optional[dict[str, Any]]:
         """Longest stored token prefix: {manifest_id, name, n_tokens, n_common} or None."""
-    def get(self, name: str, *, namespace: str = "") -> Optional[dict[str, Any]]:
-        """{name, namespace, manifest_id, n_tokens, file_bytes, file_hash, fingerprint, layout, parent, created,
-        last_used}, or None."""
-    def tokens(self, name: str, *, namespace: str = "") -> list[int]: ...
+    def get(self, name: str, *, namespace: str = ...) -> Optional[dict[str, Any]]:
+        """{name, namespace, manifest_id, n_tokens, file_bytes, file_hash, fingerprint, layout, empty, parent,
+        created, last_used}, or None. `empty`: an empty slot (see `layout_is_empty`)."""
+    def tokens(self, name: str, *, namespace: str = ...) -> list[int]: ...
     def list(self, *, namespace: Optional[str] = None) -> list[dict[str, Any]]: ...
-    def remove(self, name: str, *, namespace: str = "") -> bool: ...
-    def touch(self, name: str, *, namespace: str = "") -> None: ...
+    def remove(self, name: str, *, namespace: str = ...) -> bool: ...
+    def touch(self, name: str, *, namespace: str = ...) -> None: ...
     def gc(self, *, grace_seconds: float = 3600.0, dry_run: bool = False) -> dict[str, Any]:
-        """{live_objects, dead_objects, freed_bytes, kept_young, removed_temp, dry_run}."""
+        """{live_objects, dead_objects, freed_bytes, kept_young, removed_temp, dead_manifests, dry_run}.
+        A dry run only plans (nothing changes); otherwise the plan is carried out under the store's exclusive lock."""
     def verify(self, *, progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
         """Re-hash every object: {objects_checked, corrupt: [id], missing: [id], names_affected: [..]}."""
     def stats(self) -> dict[str, Any]:

@@ -13,32 +13,15 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from kvstore import config
-from kvstore.errors import CORE_IMPORT_ERROR, ServerError
+from kvstore.config import temp_state_name
+from kvstore.errors import ServerError
 from kvstore.server import LlamaServer
 
-if CORE_IMPORT_ERROR is None:
-    from kvstore._core import Store, hash_file, inspect_state, validate_name
-else:
-    _HINT = ("kvstore's compiled core (kvstore._core) is not available: build it with "
-             "`maturin develop --release` (or pip install the kvstore wheel)")
-
-    class Store:  # type: ignore[no-redef]
-        """Stand-in for the compiled `kvstore._core.Store` when the core is not built."""
-
-        def __init__(self, *args, **kwargs):
-            raise ImportError(f"{_HINT} ({CORE_IMPORT_ERROR})")
-
-    def _missing(*args, **kwargs):
-        raise ImportError(f"{_HINT} ({CORE_IMPORT_ERROR})")
-
-    hash_file = inspect_state = validate_name = _missing  # type: ignore[assignment]
-
-TEMP_PREFIX = ".kv-"  # state files in the sync directory: f".kv-{uuid}.bin", never a user-supplied name
+from kvstore._core import Store, hash_file, inspect_state, validate_name
 
 StoreLike = Union["Store", str, os.PathLike, None]
 ServerLike = Union[LlamaServer, str, None]
@@ -53,11 +36,6 @@ def open_store(path: Union[str, os.PathLike, None] = None, **kw: Any) -> "Store"
     root.mkdir(parents=True, exist_ok=True)
     config.sync_dir(root).mkdir(parents=True, exist_ok=True)
     return Store(str(root), **kw)
-
-
-def temp_state_name() -> str:
-    """A fresh file name for a state file in the sync directory (valid for llama-server's filename check)."""
-    return f"{TEMP_PREFIX}{uuid.uuid4().hex}.bin"
 
 
 def _store(store: StoreLike) -> "Store":
@@ -95,7 +73,7 @@ def _via_proxy(srv: LlamaServer, action: str, name: str, slot: int, namespace: s
     slot = srv.check_slot(slot)
     headers = {"X-KV-Namespace": namespace} if namespace else None
     t0 = time.perf_counter()
-    reply = srv.post(f"/slots/{slot}?action={action}", {"filename": name}, headers=headers) or {}
+    reply = srv.slot_action(slot, action, name, headers=headers)
     out = dict(reply)
     out.setdefault("name", name)
     out.setdefault("namespace", namespace)

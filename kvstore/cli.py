@@ -110,7 +110,15 @@ def _store(args):
 
 
 def cmd_stats(args) -> int:
-    s = _store(args).stats()
+    store = _store(args)
+    if args.html:  # the store part of the status page, for a store no server is running on
+        from kvstore.page import render_page, store_snapshot
+
+        page = render_page({"store": store_snapshot(store, args.namespace)}, live=False)
+        Path(args.html).expanduser().write_text(page, encoding="utf-8")
+        print(f"{PROG}: wrote {args.html}", file=sys.stderr)
+        return 0
+    s = store.stats()
     emit(args, s, lambda: pairs([
         ("store", config.store_dir(args.store)),
         ("names", s.get("names")),
@@ -329,6 +337,28 @@ def cmd_sync(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from kvstore.hooks.serve import run  # lazily: aiohttp and xllamacpp are only needed here
+
+    return run(args)
+
+
+def add_serve_args(sp) -> None:
+    from kvstore.engine import add_engine_args
+
+    sp.add_argument("--upstream", metavar="URL",
+                    help="an external llama-server (started with --slot-save-path <store>/sync); "
+                         "default: start an embedded one")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    sp.add_argument("--name-from-user", action="store_true", help="use the OpenAI `user` field as the state name")
+    sp.add_argument("--idle-save", type=float, default=30.0, metavar="SECONDS",
+                    help="save a dirty slot after this long idle (0: only on eviction and shutdown)")
+    sp.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests that may wait for a slot")
+    add_engine_args(sp.add_argument_group("embedded llama-server (ignored with --upstream)"))
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # parser
 
@@ -350,8 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
     def ns(sp):
         sp.add_argument("--namespace", default="", help="namespace (tenant); default: the empty namespace")
 
-    add("serve", "run the kvstore proxy in front of llama-server (see `kvstore serve --help`)", None)
-    add("stats", "sizes and dedup/compression ratios", cmd_stats)
+    sp = add("serve", "run the kvstore proxy in front of llama-server (see `kvstore serve --help`)", cmd_serve)
+    add_serve_args(sp)
+    sp = add("stats", "sizes and dedup/compression ratios", cmd_stats)
+    sp.add_argument("--html", metavar="FILE", help="write the store part of the status page (one self-contained "
+                    "HTML file: names, sizes, ratios, lineage) to FILE")
+    sp.add_argument("--namespace", default=None, help="with --html: only this namespace (default: all)")
     sp = add("ls", "list stored states", cmd_ls)
     sp.add_argument("--namespace", default=None, help="only this namespace (default: all)")
     sp = add("rm", "remove a name (its objects go at the next gc)", cmd_rm)
@@ -399,34 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _split_serve(argv: list[str]) -> Optional[tuple[list[str], list[str]]]:
-    """`kvstore [globals] serve REST...`: REST goes to hooks.serve.main untouched."""
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--store":
-            i += 2
-            continue
-        if a.startswith("--store=") or a == "--json":
-            i += 1
-            continue
-        if a == "serve":
-            return argv[:i], argv[i + 1:]
-        return None
-    return None
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    serve = _split_serve(argv)
-    if serve is not None:
-        head, rest = serve
-        g = build_parser().parse_args(head + ["stats"])  # parse the global options only
-        if getattr(g, "store", None):
-            os.environ["KVSTORE_DIR"] = str(Path(g.store).expanduser().resolve())
-        from hooks.serve import main as serve_main  # lazily: aiohttp and xllamacpp are only needed here
-
-        return int(serve_main(rest) or 0)
     args = build_parser().parse_args(argv)
     args.store = getattr(args, "store", None)
     args.json = getattr(args, "json", False)

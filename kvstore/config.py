@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Optional
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
+# State files in the sync directory are named `.kv-<uuid>.bin` by us, never after a user-supplied name; files with
+# this prefix left by a crash are removed by the proxy at startup.
+SYNC_TEMP_PREFIX = ".kv-"
 
 
 def store_dir(arg: Optional[str] = None) -> Path:
@@ -20,6 +24,11 @@ def store_dir(arg: Optional[str] = None) -> Path:
 def sync_dir(store: Path) -> Path:
     """llama-server's `--slot-save-path`: state files pass through here on their way in and out of the store."""
     return Path(store) / "sync"
+
+
+def temp_state_name() -> str:
+    """A fresh file name for a state file in the sync directory (valid for llama-server's filename check)."""
+    return f"{SYNC_TEMP_PREFIX}{uuid.uuid4().hex}.bin"
 
 
 def server_url(arg: Optional[str] = None) -> str:

@@ -1,10 +1,9 @@
-"""A small synchronous client for llama-server's HTTP API (urllib, timeouts, no dependencies).
+"""The synchronous llama-server client (urllib, timeouts, no dependencies): a transport over `kvstore.llama`.
 
 Used by `kvstore.save`/`kvstore.restore` and the CLI. It talks to a plain `llama-server` or to a `kvstore serve`
-proxy in front of one (`is_kvstore()` tells them apart).
-
-llama-server maps `/slots/{id}` to `id % n_slots` and echoes the id it was asked for (state-format.md 3), so a
-wrong id silently hits another slot: every slot id is validated here against the server's slot count first.
+proxy in front of one (`is_kvstore()` tells them apart). Request shapes, tokenize semantics and error bodies are
+`kvstore.llama`'s; this module sends them and raises `ServerError`. Every slot id is checked against the server's
+slot count first (llama-server silently wraps a wrong one).
 """
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Mapping, Optional
 
+from kvstore import llama
 from kvstore.config import server_url
 from kvstore.errors import ServerError
 from kvstore.fingerprint import server_fingerprint
@@ -20,20 +20,6 @@ from kvstore.fingerprint import server_fingerprint
 DEFAULT_TIMEOUT = 600.0  # seconds: a save/restore of a large slot or a long prompt evaluation can take minutes
 PROBE_TIMEOUT = 5.0
 
-
-def _error_text(body: bytes) -> str:
-    """llama-server replies `{"error": {"code", "message", "type"}}`; fall back to the raw text."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace").strip()[:500]
-    if isinstance(doc, dict):
-        err = doc.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-    return json.dumps(doc)[:500]
 
 
 class LlamaServer:
@@ -67,7 +53,7 @@ class LlamaServer:
                 raw_err = e.read()
             except Exception:  # pragma: no cover - connection dropped while reading the error
                 raw_err = b""
-            detail = _error_text(raw_err) if raw_err else (e.reason or "")
+            detail = llama.error_text(raw_err) if raw_err else (e.reason or "")
             raise ServerError(f"{method} {url}: HTTP {e.code}: {detail}", url=url, status=e.code,
                               detail=str(detail)) from None
         except (urllib.error.URLError, OSError) as e:
@@ -92,13 +78,13 @@ class LlamaServer:
     def props(self, *, refresh: bool = False) -> dict:
         """GET /props (cached: slot count, context size and model do not change while a server runs)."""
         if self._props is None or refresh:
-            self._props = self.get("/props") or {}
+            self._props = self.get(llama.PROPS) or {}
         return self._props
 
     def models(self) -> dict:
         """GET /v1/models ({} when the server does not offer it)."""
         try:
-            return self.get("/v1/models") or {}
+            return self.get(llama.MODELS) or {}
         except ServerError as e:
             if e.status is not None and e.status in (404, 501):
                 return {}
@@ -106,12 +92,12 @@ class LlamaServer:
 
     def slots(self) -> list:
         """GET /slots (needs llama-server's slots endpoint, on by default)."""
-        return self.get("/slots") or []
+        return self.get(llama.SLOTS) or []
 
     def n_slots(self) -> int:
         """The number of slots (`--parallel`)."""
         props = self.props()
-        n = props.get("total_slots")
+        n = llama.n_slots(props)
         if not n:
             n = len(self.slots())
         if not n:
@@ -120,7 +106,7 @@ class LlamaServer:
 
     def n_ctx_slot(self) -> int:
         """The context size of one slot (`-c` / `--parallel`)."""
-        n = (self.props().get("default_generation_settings") or {}).get("n_ctx")
+        n = llama.n_ctx_slot(self.props())
         if not n:
             slots = self.slots()
             n = slots[0].get("n_ctx") if slots else None
@@ -152,32 +138,29 @@ class LlamaServer:
             raise ValueError(f"slot {slot} does not exist: {self.url} has {n} slot(s), ids 0..{n - 1}")
         return slot
 
-    def _slot_action(self, slot: int, action: str, body: dict, headers=None) -> dict:
+    def slot_action(self, slot: int, action: str, filename: Optional[str] = None, *, headers=None) -> dict:
+        """POST /slots/{slot}?action=...; replies as in `kvstore.llama.slot_body`."""
         slot = self.check_slot(slot)
-        return self.post(f"/slots/{slot}?action={action}", body, headers=headers) or {}
+        return self.post(llama.slot_path(slot, action), llama.slot_body(filename), headers=headers) or {}
 
     def save_slot(self, slot: int, filename: str, *, headers=None) -> dict:
-        """POST /slots/{slot}?action=save: {id_slot, filename, n_saved, n_written, timings.save_ms}."""
-        return self._slot_action(slot, "save", {"filename": filename}, headers)
+        return self.slot_action(slot, "save", filename, headers=headers)
 
     def restore_slot(self, slot: int, filename: str, *, headers=None) -> dict:
-        """POST /slots/{slot}?action=restore: {id_slot, filename, n_restored, n_read, timings.restore_ms}.
-
-        A failed restore leaves the slot empty (llama-server clears it)."""
-        return self._slot_action(slot, "restore", {"filename": filename}, headers)
+        """A failed restore leaves the slot empty (llama-server clears it)."""
+        return self.slot_action(slot, "restore", filename, headers=headers)
 
     def erase_slot(self, slot: int) -> dict:
-        """POST /slots/{slot}?action=erase: {id_slot, n_erased}."""
-        return self._slot_action(slot, "erase", {})
+        return self.slot_action(slot, "erase")
 
     # -- text --------------------------------------------------------------------------------------------------
-    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
-        doc = self.post("/tokenize", {"content": text, "add_special": add_special}) or {}
-        return [int(t) if not isinstance(t, dict) else int(t["id"]) for t in doc.get("tokens", [])]
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """`text`'s tokens as llama-server evaluates it as a prompt; add_special=False for a continuation."""
+        return llama.tokens_of(self.post(llama.TOKENIZE, llama.tokenize_request(text, add_special=add_special)))
 
     def completion(self, prompt: Any, **params) -> dict:
         """POST /completion (non-streaming) with the given parameters."""
-        return self.post("/completion", {"prompt": prompt, **params}) or {}
+        return self.post(llama.COMPLETION, llama.completion_request(prompt, **params)) or {}
 
 
 __all__ = ["LlamaServer", "ServerError", "DEFAULT_TIMEOUT"]

@@ -38,8 +38,8 @@ def engine(model: str, store: Optional[Path] = None, *, parallel: int = 2, cache
 
 def hooks(upstream: str, store: Path, **kw):
     """The hooks app on a free port, in a background thread. `.url`, `.close()` (saves dirty slots)."""
-    from hooks.app import HooksConfig
-    from hooks.serve import Running
+    from kvstore.hooks.app import HooksConfig
+    from kvstore.hooks.serve import Running
 
     kw.setdefault("idle_save", 0)
     return Running(HooksConfig(upstream=upstream, store=Path(store), **kw))

@@ -49,7 +49,7 @@ def test_parent_and_ten_children(served, tmp_path, oracle):
     for i, q in enumerate(QUESTIONS):
         r = kvstore.restore("article", 0, server=url, store=st, namespace=ns)
         assert r["n_restored"] == len(article)
-        qt = srv.tokenize(q)
+        qt = srv.tokenize(q, add_special=False)
         out = complete(url, article + qt, 0, n_predict=3)
         # the parent was used: only the question (and, on SWA models, the tail after the last checkpoint) is
         # evaluated

@@ -11,7 +11,7 @@ import pytest
 
 from hooks_support import MODELS, complete, engine, get, hooks, post, stack, tokenize
 
-from hooks.slots import common_prefix
+from kvstore.hooks.slots import common_prefix
 
 ARTICLES = [
     "The honeybee colony is a remarkable society. A single queen lays all of the eggs, while thousands of "

@@ -40,7 +40,7 @@ def test_restart_restores_returning_users(model, tmp_path):
 
 
 def test_serve_command_sigterm_saves_dirty_slots(tmp_path):
-    """`kvstore serve --upstream URL` (hooks.serve.main) prints its URL; SIGTERM saves dirty slots, exits 0."""
+    """`kvstore serve --upstream URL` (kvstore.hooks.serve) prints its URL; SIGTERM saves dirty slots, exits 0."""
     import signal
     import subprocess
     import sys
@@ -50,7 +50,7 @@ def test_serve_command_sigterm_saves_dirty_slots(tmp_path):
     store = tmp_path / "store"
     srv = engine("smollm2", store)
     with stack(srv):
-        proc = subprocess.Popen([sys.executable, "-m", "hooks.serve", "--upstream", srv.url, "--store", str(store),
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore.hooks.serve", "--upstream", srv.url, "--store", str(store),
                                  "--port", "0", "--idle-save", "0"], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         try:

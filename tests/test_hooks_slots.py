@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from hooks.slots import QueueFull, SlotTable, common_prefix
+from kvstore.hooks.slots import QueueFull, SlotTable, common_prefix
 
 
 class Clock:

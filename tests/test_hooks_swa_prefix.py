@@ -5,11 +5,10 @@ llama-server evaluates only what follows it. Before prefix cuts the same request
 """
 from __future__ import annotations
 
-from hooks_support import complete, engine, hooks, metric, stack, tokenize
+from hooks_support import CTX, complete, engine, hooks, metric, stack, tokenize
 from test_hooks_articles import ARTICLES, QUESTIONS
 
-from hooks.prefix import swa_cells
-from hooks_support import CTX
+from kvstore.hooks.prefix import swa_cells
 
 
 def test_returning_questions_evaluate_only_what_follows_the_common_prefix(tmp_path):

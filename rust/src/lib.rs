@@ -1,15 +1,32 @@
 //! kvstore core: a content-addressed, deduplicating store of llama.cpp slot states.
-//! Table of contents; the logic lives in the modules (docs/design.md "Modules").
-pub mod error;
-pub mod format;
-pub mod gc;
-pub mod index;
-pub mod manifest;
-pub mod objects;
-pub mod store;
+//! Table of contents; each module's header states its contract (docs/design.md "Modules").
 
+/// Slot files: parse into skeleton + blocks, emit back (the only module that knows llama.cpp).
+pub mod format;
+/// `ObjectId`: blake3 ids, hex on disk, short in messages.
+pub mod id;
+/// Content-addressed objects: `ObjectStore`, the `Backend` seam, the KVOB codec, atomic writes.
+pub mod objects;
+/// The LMDB index: typed tables, key codecs, naming rules.
+pub mod index;
+/// The manifest record, fingerprints, the empty-layout rule.
+pub mod manifest;
+/// The prefix-key chain over a state's tokens.
+pub mod prefix;
+/// The store: one operation per file (ingest, materialize, lookup, catalog, stats, verify).
+pub mod store;
+/// Garbage collection: plan, then execute.
+pub mod gc;
+/// One `Error` folding the module errors.
+pub mod error;
+
+/// The Python face (`kvstore._core`): the only module that knows pyo3.
 #[cfg(feature = "python")]
 pub mod py;
+
+/// Helpers shared by the unit tests.
+#[cfg(test)]
+mod testutil;
 
 /// The compiled module, imported as `kvstore._core`.
 #[cfg(feature = "python")]

@@ -1,20 +1,28 @@
-//! The manifest record (one saved state), fingerprint canonicalization and checks, and the prefix-key chain.
+//! The manifest record (one saved state), fingerprint canonicalization and checks, the empty-layout rule.
+//! The prefix-key chain is `prefix.rs`.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::objects::{hex, ObjectId};
+use crate::id::{hex, ObjectId};
 
 pub const MANIFEST_VERSION: u32 = 1;
-/// Domain separator of the prefix-key chain (docs/design.md "Prefix keys").
-pub const PREFIX_DOMAIN: &[u8] = b"kvstore-prefix-v1";
 /// Fingerprint key compared as "server context >= state tokens", and left out of `fingerprint_id`.
 pub const N_CTX_SLOT: &str = "n_ctx_slot";
 /// Pseudo-key of `expect` compared against the manifest's layout (derived from the file).
 pub const LAYOUT: &str = "layout";
 
 pub type Fingerprint = BTreeMap<String, String>;
+
+/// Layout entry of a KV section with no cells (format/layout.rs).
+const EMPTY_SECTION: &str = "kv[-]";
+
+/// Whether a layout is that of an empty slot: it carries no layers, so it matches any server and tells
+/// nothing about one (never compare it, never learn it).
+pub fn layout_is_empty(layout: &str) -> bool {
+    layout.contains(EMPTY_SECTION)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -40,13 +48,13 @@ pub struct Manifest {
     pub file_bytes: u64,
     /// Hex blake3 of the original slot file.
     pub file_hash: String,
-    /// Skeleton object id, hex.
-    pub skeleton: String,
-    /// Block object ids, hex, in the order the skeleton references them (repeats allowed).
-    pub blocks: Vec<String>,
+    /// Skeleton object id (hex in JSON).
+    pub skeleton: ObjectId,
+    /// Block object ids (hex in JSON), in the order the skeleton references them (repeats allowed).
+    pub blocks: Vec<ObjectId>,
     pub block_size: u32,
-    /// Parent manifest id, hex.
-    pub parent: Option<String>,
+    /// Parent manifest id (hex in JSON).
+    pub parent: Option<ObjectId>,
     /// Unix seconds.
     pub created: u64,
     /// `n_stream` of the saved file (addition to design.md: decides whether a re-emit is byte-exact).
@@ -66,27 +74,14 @@ impl Manifest {
         }
         Ok(m)
     }
-    pub fn skeleton_id(&self, id: ObjectId) -> Result<ObjectId, ManifestError> {
-        parse_id(id, &self.skeleton)
-    }
-    pub fn block_ids(&self, id: ObjectId) -> Result<Vec<ObjectId>, ManifestError> {
-        self.blocks.iter().map(|h| parse_id(id, h)).collect()
-    }
-    pub fn parent_id(&self) -> Option<ObjectId> {
-        self.parent.as_deref().and_then(ObjectId::from_hex)
-    }
     /// Skeleton and distinct blocks: every object this manifest needs besides itself.
-    pub fn referenced(&self, id: ObjectId) -> Result<Vec<ObjectId>, ManifestError> {
-        let mut v = self.block_ids(id)?;
-        v.push(self.skeleton_id(id)?);
+    pub fn referenced(&self) -> Vec<ObjectId> {
+        let mut v = self.blocks.clone();
+        v.push(self.skeleton);
         v.sort_unstable();
         v.dedup();
-        Ok(v)
+        v
     }
-}
-
-fn parse_id(manifest: ObjectId, h: &str) -> Result<ObjectId, ManifestError> {
-    ObjectId::from_hex(h).ok_or_else(|| ManifestError::Invalid { id: manifest, detail: format!("bad object id {h:?}") })
 }
 
 pub fn now_secs() -> u64 {
@@ -148,45 +143,10 @@ pub fn check_expect(state: &str, m: &Manifest, expect: &Fingerprint) -> Result<(
     Ok(())
 }
 
-/// `h0 = blake3("kvstore-prefix-v1" ‖ namespace ‖ \0 ‖ fingerprint_id)`.
-pub fn prefix_seed(namespace: &str, fingerprint_id: &[u8; 32]) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    h.update(PREFIX_DOMAIN);
-    h.update(namespace.as_bytes());
-    h.update(&[0]);
-    h.update(fingerprint_id);
-    *h.finalize().as_bytes()
-}
-
-/// `[h(1), .., h(floor(n/B))]` with `h(k+1) = blake3(h(k) ‖ tokens[kB..(k+1)B] as i32le)`.
-pub fn prefix_chain(namespace: &str, fingerprint_id: &[u8; 32], tokens: &[i32], block_size: u32) -> Vec<[u8; 32]> {
-    let b = block_size.max(1) as usize;
-    let mut h = prefix_seed(namespace, fingerprint_id);
-    let mut out = Vec::with_capacity(tokens.len() / b);
-    for chunk in tokens.chunks_exact(b) {
-        let mut x = blake3::Hasher::new();
-        x.update(&h);
-        for t in chunk {
-            x.update(&t.to_le_bytes());
-        }
-        h = *x.finalize().as_bytes();
-        out.push(h);
-    }
-    out
-}
-
-/// Length of the common prefix of two token lists.
-pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fp(kv: &[(&str, &str)]) -> Fingerprint {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
+    use crate::testutil::fp;
 
     fn manifest(n_tokens: u64, f: Fingerprint) -> Manifest {
         Manifest {
@@ -198,8 +158,8 @@ mod tests {
             tokens: (0..n_tokens as i32).collect(),
             file_bytes: 10,
             file_hash: "00".repeat(32),
-            skeleton: "11".repeat(32),
-            blocks: vec!["22".repeat(32)],
+            skeleton: ObjectId([0x11; 32]),
+            blocks: vec![ObjectId([0x22; 32])],
             block_size: 64,
             parent: None,
             created: 1,
@@ -219,6 +179,12 @@ mod tests {
     }
 
     #[test]
+    fn empty_layouts() {
+        assert!(layout_is_empty("kv[-]") && layout_is_empty("kv[-]+kv[-]"));
+        assert!(!layout_is_empty("kv[1:f16/64,f16/64;vt0;rot0,0]"));
+    }
+
+    #[test]
     fn expect_checks() {
         let m = manifest(100, fp(&[("model", "abc"), ("flash_attn", "on"), ("n_ctx_slot", "4096")]));
         check_expect("x", &m, &fp(&[("model", "abc"), ("flash_attn", "on"), ("n_ctx_slot", "100")])).unwrap();
@@ -234,31 +200,13 @@ mod tests {
     }
 
     #[test]
-    fn prefix_chain_is_deterministic_and_chained() {
-        let f = fingerprint_id(&fp(&[("model", "abc")]));
-        let t: Vec<i32> = (0..200).collect();
-        let a = prefix_chain("", &f, &t, 64);
-        assert_eq!(a.len(), 3);
-        assert_eq!(a, prefix_chain("", &f, &t[..199], 64));
-        assert_eq!(&prefix_chain("", &f, &t[..64], 64)[..], &a[..1]);
-        assert_ne!(a, prefix_chain("tenant", &f, &t, 64));
-        assert_ne!(a[0], prefix_chain("", &fingerprint_id(&Fingerprint::new()), &t, 64)[0]);
-        let mut t2 = t.clone();
-        t2[100] = -1;
-        let b = prefix_chain("", &f, &t2, 64);
-        assert_eq!(a[0], b[0]);
-        assert_ne!(a[1], b[1]);
-        assert_ne!(a[2], b[2]);
-        // The spec, spelled out for h(1).
-        let mut h0 = blake3::Hasher::new();
-        h0.update(b"kvstore-prefix-v1\0");
-        h0.update(&f);
-        let mut h1 = blake3::Hasher::new();
-        h1.update(h0.finalize().as_bytes());
-        for x in 0..64i32 {
-            h1.update(&x.to_le_bytes());
-        }
-        assert_eq!(a[0], *h1.finalize().as_bytes());
+    fn manifest_ids_are_hex_in_json_and_checked() {
+        let m = manifest(3, fp(&[]));
+        let s = String::from_utf8(m.to_json()).unwrap();
+        assert!(s.contains(&format!(r#""skeleton":"{}","blocks":["{}"]"#, "11".repeat(32), "22".repeat(32))), "{s}");
+        let bad = s.replace(&"22".repeat(32), "zz");
+        let e = Manifest::from_json(ObjectId::of(b"x"), bad.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("not a manifest") && e.contains("not an object id"), "{e}");
     }
 
     #[test]
@@ -268,6 +216,5 @@ mod tests {
         let s = String::from_utf8(j.clone()).unwrap();
         assert!(s.starts_with(r#"{"version":1,"fingerprint":{"a":"b"},"fingerprint_id":""#), "{s}");
         assert_eq!(Manifest::from_json(ObjectId::of(&j), &j).unwrap(), m);
-        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
     }
 }

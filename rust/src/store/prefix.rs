@@ -12,15 +12,16 @@
 use std::path::Path;
 use std::time::Instant;
 
-use heed::types::Bytes;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::format::{self, Prefix, PrefixSpec, StateRef};
-use crate::manifest::{prefix_chain, Fingerprint};
-use crate::objects::{random_suffix, ObjectError, ObjectId};
+use crate::id::ObjectId;
+use crate::manifest::{fingerprint_id, Fingerprint};
+use crate::objects::atomic::{atomic_write, random_suffix};
+use crate::prefix::prefix_chain;
 
-use super::{HeedExt, Loaded, Store, Target};
+use super::{Loaded, Store, Target};
 
 /// At most this many other states are read to find missing window rows.
 pub const MAX_LENDERS: usize = 8;
@@ -56,8 +57,11 @@ pub enum PrefixReport {
 }
 
 fn blocks_of(l: &Loaded) -> Result<Vec<&[u8]>> {
-    let ids = l.manifest.block_ids(l.manifest_id)?;
-    Ok(ids.iter().map(|id| l.blocks[id].as_slice()).collect())
+    l.manifest
+        .blocks
+        .iter()
+        .map(|id| l.blocks.get(id).map(|b| b.as_slice()).ok_or_else(|| Error::Invalid(format!("block {} not loaded", id.hex()))))
+        .collect()
 }
 
 impl Store {
@@ -69,12 +73,7 @@ impl Store {
         let r = ix.read_txn()?;
         let live = self.live_names(&r, namespace)?;
         let mut found: Vec<(u64, ObjectId)> = Vec::new();
-        for kv in ix.prefixes.remap_key_type::<Bytes>().prefix_iter(&r, &h[..]).ix(ix)? {
-            let (k, _) = kv.ix(ix)?;
-            if k.len() != 64 {
-                continue;
-            }
-            let id = ObjectId(k[32..].try_into().expect("32 bytes"));
+        for id in ix.manifests_at_prefix(&r, h)? {
             if id != base && live.contains_key(&id) {
                 if let Ok(m) = self.read_manifest(&r, id) {
                     found.push((m.created, id));
@@ -115,7 +114,7 @@ impl Store {
         let mut result = format::emit_prefix(me, &[], &spec)?;
         if let Prefix::Missing { missing } = &result {
             let end = missing.iter().map(|r| r.end).max().unwrap_or(0).max(0) as usize;
-            let fp_id: [u8; 32] = hex32(&base.manifest.fingerprint_id)?;
+            let fp_id = fingerprint_id(&base.manifest.fingerprint);
             let depth = end / self.block_size() as usize;
             for id in self.lenders(namespace, &fp_id, &base.manifest.tokens, depth, base.manifest_id)? {
                 let l = self.load(&Target::Manifest(&id.hex()), None)?;
@@ -137,7 +136,8 @@ impl Store {
         };
         let who = |state: usize| if state == 0 { mid.clone() } else { lenders[state - 1].manifest_id.hex() };
         let origins = origins.into_iter().map(|o| (who(o.state), o.checkpoint, o.positions.start, o.positions.end)).collect();
-        write_new(out_path, &bytes)?;
+        // Not durable: the file is handed to llama-server and removed, like a non-durable materialize.
+        atomic_write(out_path, &format!(".{}.tmp", random_suffix()), &bytes, false, || Ok::<(), Error>(()))?;
         Ok(PrefixReport::Written {
             manifest_id: mid.clone(),
             n_tokens,
@@ -148,22 +148,4 @@ impl Store {
             elapsed_s: t0.elapsed().as_secs_f64(),
         })
     }
-}
-
-fn hex32(s: &str) -> Result<[u8; 32]> {
-    ObjectId::from_hex(s).map(|id| id.0).ok_or_else(|| Error::Invalid(format!("fingerprint id {s:?} is not 64 hex digits")))
-}
-
-/// `<dir>/.<random>.tmp`, then rename over `out_path` (a reader never sees a torn file). No fsync: the file
-/// is handed to llama-server and removed, like a non-durable `materialize`.
-fn write_new(out_path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = out_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp", random_suffix()));
-    let r = std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, out_path))
-        .map_err(|e| Error::from(ObjectError::io(out_path, e)));
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
 }

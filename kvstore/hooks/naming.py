@@ -8,6 +8,11 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from kvstore.api import validate_name
+from kvstore.errors import InvalidName
+
+from .errors import BadRequest
+
 NAME_FIELD = "cache_prompt_name"
 PARENT_FIELD = "cache_prompt_parent"
 NAME_HEADER = "X-KV-Name"
@@ -15,8 +20,8 @@ PARENT_HEADER = "X-KV-Parent"
 NAMESPACE_HEADER = "X-KV-Namespace"
 
 
-class BadName(ValueError):
-    """A name, parent or namespace the core refuses; str() is the reason for the client."""
+class BadName(BadRequest, ValueError):
+    """A name, parent or namespace the core refuses (400); str() is the reason for the client."""
 
 
 @dataclass(frozen=True)
@@ -35,13 +40,11 @@ class Naming:
 
 
 def _validate(value: str, what: str) -> str:
-    from kvstore._core import validate_name
-
     if not isinstance(value, str):
         raise BadName(f"{what} must be a string, not {type(value).__name__}")
     try:
         validate_name(value, "namespace" if what == "namespace" else "name")
-    except ValueError as e:  # InvalidName is a ValueError
+    except InvalidName as e:
         raise BadName(f"{what}: {e}" if what not in ("name", "namespace") else str(e)) from None
     return value
 

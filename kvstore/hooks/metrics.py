@@ -6,6 +6,8 @@ import threading
 from collections import Counter
 from typing import Any, Optional
 
+from kvstore.page import History
+
 KINDS = ("slot", "restored", "parent", "prefix", "miss")
 
 # name -> (type, help)
@@ -38,6 +40,23 @@ class Metrics:
         self._lock = threading.Lock()
         self.c: Counter = Counter()
         self.kinds: Counter = Counter()
+        self.history = History()  # the status page's time series and latency percentiles
+
+    def evaluated(self, kind: str, timings: Optional[dict], n_restored: int) -> None:
+        """A reply's `timings` seen: count its evaluated prompt tokens (by the request's X-KV-Cache kind)."""
+        if not timings or not isinstance(timings.get("prompt_n"), (int, float)):
+            return
+        prompt_n = int(timings["prompt_n"])
+        self.inc("prompt_tokens_evaluated", prompt_n)
+        cache_n = timings.get("cache_n")
+        self.history.request(kind, prompt_n, n_restored,
+                             prompt_n + int(cache_n) if isinstance(cache_n, (int, float)) else None)
+
+    def timed(self, op: str, seconds: float) -> None:
+        """One save or restore done in `seconds` (op: "save" | "restore")."""
+        self.inc(f"{op}_seconds", seconds)
+        self.inc(f"{op}_count")
+        self.history.latency(op, seconds)
 
     def inc(self, key: str, n: float = 1) -> None:
         with self._lock:

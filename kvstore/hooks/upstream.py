@@ -1,4 +1,9 @@
-"""llama-server over HTTP: one shared aiohttp ClientSession, small JSON calls, streamed forwarding."""
+"""The async llama-server client: one shared aiohttp ClientSession, small JSON calls, streamed forwarding.
+
+A transport over `kvstore.llama` (request shapes, tokenize semantics): the same calls as the sync
+`kvstore.server.LlamaServer`, raising `UpstreamError` (unreachable: 502) or `UpstreamReply` (an error status, passed
+on). `forward` streams a client's request and llama-server's reply chunk by chunk (SSE is never buffered).
+"""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +14,10 @@ from typing import Any, Optional
 import aiohttp
 from aiohttp import web
 
+from kvstore import llama
+
+from .errors import UpstreamError, UpstreamReply
+
 log = logging.getLogger("kvstore.hooks")
 
 # RFC 7230 6.1 hop-by-hop headers, plus those aiohttp computes itself.
@@ -16,19 +25,6 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer", "Trailers",
     "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding",
 ))
-
-
-class UpstreamError(Exception):
-    """llama-server could not be reached or answered garbage (a 502 for the client)."""
-
-
-class UpstreamReply(Exception):
-    """llama-server answered with an error status; `status` and `body` are passed to the client."""
-
-    def __init__(self, status: int, body: bytes):
-        super().__init__(f"llama-server answered {status}: {body[:300]!r}")
-        self.status = status
-        self.body = body
 
 
 def request_headers(headers, *, keep_length: bool = False) -> dict[str, str]:
@@ -85,7 +81,7 @@ class Upstream:
         warned = False
         while True:
             try:
-                return await self.call("GET", "/props", timeout=10)
+                return await self.call("GET", llama.PROPS, timeout=10)
             except (UpstreamError, UpstreamReply) as e:
                 if not warned:
                     log.info("waiting for llama-server at %s (up to %.0f s): %s", self.url, timeout, e)
@@ -94,21 +90,29 @@ class Upstream:
                     raise UpstreamError(f"llama-server at {self.url} not ready after {timeout:.0f}s: {e}") from e
                 await asyncio.sleep(0.2)
 
-    async def tokenize(self, text: str) -> list[int]:
-        """Tokens exactly as a string prompt is tokenized for /completion (BOS, special tokens)."""
-        r = await self.call("POST", "/tokenize", {"content": text, "add_special": True, "parse_special": True})
-        return [t if isinstance(t, int) else t["id"] for t in r["tokens"]]
+    async def models(self) -> Optional[dict]:
+        """GET /v1/models (None when the server does not answer it)."""
+        try:
+            return await self.call("GET", llama.MODELS)
+        except (UpstreamError, UpstreamReply):
+            return None
+
+    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """`text`'s tokens as llama-server evaluates it as a prompt; add_special=False for a continuation."""
+        return llama.tokens_of(await self.call("POST", llama.TOKENIZE,
+                                               llama.tokenize_request(text, add_special=add_special)))
 
     async def apply_template(self, body: dict, *, add_generation_prompt: Optional[bool] = None) -> str:
-        req = {k: body[k] for k in ("messages", "tools", "chat_template_kwargs", "tool_choice") if k in body}
-        if add_generation_prompt is not None:
-            req["add_generation_prompt"] = add_generation_prompt
-        r = await self.call("POST", "/apply-template", req)
-        return r["prompt"]
+        r = await self.call("POST", llama.APPLY_TEMPLATE,
+                            llama.template_request(body, add_generation_prompt=add_generation_prompt))
+        return llama.prompt_of(r)
+
+    async def completion(self, prompt: Any, **params: Any) -> dict:
+        """POST /completion (non-streaming)."""
+        return await self.call("POST", llama.COMPLETION, llama.completion_request(prompt, **params)) or {}
 
     async def slot_action(self, slot_id: int, action: str, filename: Optional[str] = None) -> dict:
-        body = {"filename": filename} if filename is not None else {}
-        return await self.call("POST", f"/slots/{slot_id}?action={action}", body)
+        return await self.call("POST", llama.slot_path(slot_id, action), llama.slot_body(filename)) or {}
 
     async def forward(self, request: web.Request, path: str, *, body: Optional[bytes] = None,
                       extra_headers: Optional[dict] = None, tee: Optional[callable] = None) -> web.StreamResponse:

@@ -1,15 +1,18 @@
-"""The sync directory (llama-server's --slot-save-path): files named by us, removed after use."""
+"""The sync directory (llama-server's --slot-save-path): files named by us, removed after use.
+
+File names come from `kvstore.config.temp_state_name` (the one home of the `.kv-` naming), never from a state name.
+"""
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import uuid
 from pathlib import Path
 from typing import Iterator
 
+from kvstore.config import SYNC_TEMP_PREFIX, temp_state_name
+
 log = logging.getLogger("kvstore.hooks")
-PREFIX = ".kv-"
 
 
 class SyncDir:
@@ -20,7 +23,7 @@ class SyncDir:
     def clean_stale(self) -> int:
         """Remove files left by an earlier run (a crash between save and ingest). Returns how many."""
         n = 0
-        for p in self.path.glob(PREFIX + "*"):
+        for p in self.path.glob(SYNC_TEMP_PREFIX + "*"):
             with contextlib.suppress(OSError):
                 p.unlink()
                 n += 1
@@ -31,7 +34,7 @@ class SyncDir:
     @contextlib.contextmanager
     def temp(self) -> Iterator[tuple[str, Path]]:
         """(filename for llama-server, full path for the store); the file is removed on exit."""
-        filename = f"{PREFIX}{uuid.uuid4().hex}.bin"
+        filename = temp_state_name()
         path = self.path / filename
         try:
             yield filename, path

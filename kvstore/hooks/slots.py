@@ -14,87 +14,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
+from .slot import Key, Lease, QueueFull, Slot, common_prefix  # noqa: F401 - re-exported
+
 log = logging.getLogger("kvstore.hooks")
-
-Key = tuple[str, str]  # (namespace, name)
-
-
-class QueueFull(Exception):
-    """Every slot is busy and the wait queue is at its bound."""
-
-
-@dataclass(eq=False)
-class Slot:
-    id: int
-    name: Optional[str] = None
-    namespace: str = ""
-    tokens: list[int] = field(default_factory=list)
-    dirty: bool = False
-    last_used: float = 0.0
-    parent: Optional[str] = None  # the name this state was built on (recorded at ingest)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-
-    @property
-    def key(self) -> Optional[Key]:
-        return (self.namespace, self.name) if self.name is not None else None
-
-    @property
-    def busy(self) -> bool:
-        return self.lock.locked()
-
-    @property
-    def empty(self) -> bool:
-        return self.name is None and not self.tokens
-
-    def hold(self, key: Optional[Key], *, parent: Optional[str] = None) -> None:
-        """Label the slot as holding `key` (its content is kept; the caller restores or extends it)."""
-        if key is None:
-            self.namespace, self.name = "", None
-        else:
-            self.namespace, self.name = key
-        self.parent = parent
-        self.dirty = False
-
-    def clear(self) -> None:
-        """The slot's KV is gone (erase, failed restore): keep the label, forget the content."""
-        self.tokens = []
-        self.dirty = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "namespace": self.namespace, "n_tokens": len(self.tokens),
-                "dirty": self.dirty, "busy": self.busy, "last_used": self.last_used, "parent": self.parent}
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-@dataclass
-class Lease:
-    """What `acquire` found: the slot, and how its current content relates to the request."""
-
-    slot: Slot
-    resident: bool = False  # the slot already holds the requested name
-    parent_resident: bool = False  # the slot holds the requested parent (used in place)
-    lcp: int = 0  # tokens the slot's content shares with the request's prompt (reused in place)
-    _tasks: list = field(default_factory=list, repr=False)
-
-    async def shielded(self, coro: Awaitable[Any]) -> Any:
-        """Run a save or restore so that a cancelled handler cannot interrupt it half-way.
-
-        If the handler is cancelled, the slot stays locked until the operation has finished.
-        """
-        task = asyncio.ensure_future(coro)
-        self._tasks.append(task)
-        return await asyncio.shield(task)
-
 
 class SlotTable:
     """Picks a slot for each request, evicts (saves) what it displaces, queues when all are busy."""
@@ -206,6 +130,7 @@ class SlotTable:
             finally:
                 self._waiters.remove(fut)
         slot = lease.slot
+        lease.table = self
         # The lock is free (checked by _pick in this same step), so this does not suspend.
         await slot.lock.acquire()
         try:
@@ -263,5 +188,42 @@ class SlotTable:
                     n += 1
         return n
 
+    # ---- what the holder of a slot reports (the only writers of slot fields besides acquire/evict) ---------------
     def touch(self, slot: Slot) -> None:
         slot.last_used = self.clock()
+
+    def evaluated(self, slot: Slot, tokens: Optional[Sequence[int]] = None) -> None:
+        """llama-server evaluated a request in the slot: its content changed (dirty if named), now `tokens`."""
+        self.touch(slot)
+        if tokens is not None:
+            slot.tokens = list(tokens)
+        if slot.name is not None:
+            slot.dirty = True
+
+    def restored(self, slot: Slot) -> None:
+        """A raw restore loaded a stored state: clean, tokens unknown."""
+        slot.tokens = []
+        slot.dirty = False
+        self.touch(slot)
+
+    def saved(self, slot: Slot, key: Optional[Key] = None) -> None:
+        """The slot's content is in the store (under `key`, default its own name): clean if that is its label."""
+        if key is None or slot.key == key:
+            slot.dirty = False
+
+    def set_parent(self, slot: Slot, parent: Optional[str]) -> None:
+        """The state in the slot was built on `parent` (recorded as lineage at its next save)."""
+        slot.parent = parent
+
+    def forget(self, slot: Slot) -> None:
+        """The slot's content is no longer saved under its name (the name was removed or moved): unlabel it."""
+        slot.hold(None)
+
+    def cleared(self, slot: Slot) -> None:
+        """llama-server emptied the slot (failed restore): keep the label, forget the content."""
+        slot.clear()
+
+    def erased(self, slot: Slot) -> None:
+        """The slot was erased: no label, no content."""
+        slot.hold(None)
+        slot.clear()

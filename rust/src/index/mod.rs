@@ -1,20 +1,28 @@
 //! The LMDB index (heed): one `Index` owns the `Env` and every typed table (docs/design.md "LMDB").
-//! Also the naming rules: names and namespaces are data, never paths.
+//! Contract: the index is a cache of what the manifests say (`kvstore reindex` could rebuild it); keys and
+//! values are laid out only by the codecs in `codec.rs`; callers read and edit through the typed tables and
+//! the methods in `tables.rs`, never through raw bytes. Naming rules: `names.rs`.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use heed::byteorder::BigEndian;
 use heed::types::{Bytes, SerdeJson, Str, U32};
-use heed::{BoxedError, BytesDecode, BytesEncode, Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
+use heed::{Database, Env, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 use serde::{Deserialize, Serialize};
 
-use crate::objects::ObjectId;
+pub mod codec;
+mod names;
+mod tables;
+
+pub use codec::{IdCodec, NameKeyCodec, ObjectRowCodec, PrefixKeyCodec};
+pub use tables::NameRow;
+pub use names::{validate_name, MAX_NAME_BYTES};
+
+use crate::id::ObjectId;
 
 pub const SCHEMA_VERSION: &str = "1";
-pub const MAX_NAME_BYTES: usize = 200;
 
 /// Table names, all created in one write transaction by `Index::open`.
 pub mod db_name {
@@ -35,7 +43,7 @@ pub mod meta_key {
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
     #[error("invalid {what} {shown}: {reason}")]
-    InvalidName { what: &'static str, shown: String, reason: String },
+    InvalidName { what: &'static str, value: String, shown: String, reason: String },
     #[error("the index map is full ({}): reopen the store with a larger map_size_mib or run `kvstore gc`; nothing was committed", path.display())]
     MapFull { path: PathBuf },
     #[error("no space left on device for the index ({}): free disk space; nothing was committed", path.display())]
@@ -51,8 +59,8 @@ pub enum IndexError {
 /// A `names` row value.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct NameRecord {
-    /// Manifest id, hex.
-    pub manifest: String,
+    /// Manifest id (hex in JSON).
+    pub manifest: ObjectId,
     /// Unix seconds when this state was stored under the name.
     pub created: f64,
     /// Unix seconds of the last `touch` (or of the ingest).
@@ -66,84 +74,6 @@ pub struct ObjectRow {
     pub stored_len: u64,
 }
 
-/// 32-byte object/manifest id keys.
-pub enum IdCodec {}
-impl<'a> BytesEncode<'a> for IdCodec {
-    type EItem = ObjectId;
-    fn bytes_encode(item: &'a ObjectId) -> Result<Cow<'a, [u8]>, BoxedError> {
-        Ok(Cow::Borrowed(&item.0))
-    }
-}
-impl<'a> BytesDecode<'a> for IdCodec {
-    type DItem = ObjectId;
-    fn bytes_decode(b: &'a [u8]) -> Result<ObjectId, BoxedError> {
-        Ok(ObjectId(b.try_into().map_err(|_| format!("id key of {} bytes, expected 32", b.len()))?))
-    }
-}
-
-/// `namespace \0 name` keys.
-pub enum NameKeyCodec {}
-impl<'a> BytesEncode<'a> for NameKeyCodec {
-    type EItem = (&'a str, &'a str);
-    fn bytes_encode((ns, name): &'a (&'a str, &'a str)) -> Result<Cow<'a, [u8]>, BoxedError> {
-        let mut k = Vec::with_capacity(ns.len() + 1 + name.len());
-        k.extend_from_slice(ns.as_bytes());
-        k.push(0);
-        k.extend_from_slice(name.as_bytes());
-        Ok(Cow::Owned(k))
-    }
-}
-impl<'a> BytesDecode<'a> for NameKeyCodec {
-    type DItem = (&'a str, &'a str);
-    fn bytes_decode(b: &'a [u8]) -> Result<(&'a str, &'a str), BoxedError> {
-        let i = b.iter().position(|&c| c == 0).ok_or("name key without NUL separator")?;
-        Ok((std::str::from_utf8(&b[..i])?, std::str::from_utf8(&b[i + 1..])?))
-    }
-}
-
-/// `prefix key ‖ manifest id` keys (64 bytes).
-pub enum PrefixKeyCodec {}
-impl<'a> BytesEncode<'a> for PrefixKeyCodec {
-    type EItem = ([u8; 32], ObjectId);
-    fn bytes_encode((h, m): &'a ([u8; 32], ObjectId)) -> Result<Cow<'a, [u8]>, BoxedError> {
-        let mut k = Vec::with_capacity(64);
-        k.extend_from_slice(h);
-        k.extend_from_slice(&m.0);
-        Ok(Cow::Owned(k))
-    }
-}
-impl<'a> BytesDecode<'a> for PrefixKeyCodec {
-    type DItem = ([u8; 32], ObjectId);
-    fn bytes_decode(b: &'a [u8]) -> Result<([u8; 32], ObjectId), BoxedError> {
-        if b.len() != 64 {
-            return Err(format!("prefix key of {} bytes, expected 64", b.len()).into());
-        }
-        Ok((b[..32].try_into().unwrap(), ObjectId(b[32..].try_into().unwrap())))
-    }
-}
-
-pub enum ObjectRowCodec {}
-impl<'a> BytesEncode<'a> for ObjectRowCodec {
-    type EItem = ObjectRow;
-    fn bytes_encode(r: &'a ObjectRow) -> Result<Cow<'a, [u8]>, BoxedError> {
-        let mut v = Vec::with_capacity(16);
-        v.extend_from_slice(&r.raw_len.to_be_bytes());
-        v.extend_from_slice(&r.stored_len.to_be_bytes());
-        Ok(Cow::Owned(v))
-    }
-}
-impl<'a> BytesDecode<'a> for ObjectRowCodec {
-    type DItem = ObjectRow;
-    fn bytes_decode(b: &'a [u8]) -> Result<ObjectRow, BoxedError> {
-        if b.len() != 16 {
-            return Err(format!("object row of {} bytes, expected 16", b.len()).into());
-        }
-        Ok(ObjectRow {
-            raw_len: u64::from_be_bytes(b[..8].try_into().unwrap()),
-            stored_len: u64::from_be_bytes(b[8..].try_into().unwrap()),
-        })
-    }
-}
 
 pub struct Index {
     path: PathBuf,
@@ -239,77 +169,20 @@ fn lmdb_err(path: &Path, e: heed::Error) -> IndexError {
     }
 }
 
-/// Check a name (`what` = "name": 1..=200 bytes) or namespace (`what` = "namespace": 0..=200 bytes).
-/// Names are identifiers, never paths: no NUL/control characters, '/', '\\', "..", or surrounding whitespace.
-pub fn validate_name(s: &str, what: &'static str) -> Result<(), IndexError> {
-    let fail = |reason: String| {
-        let shown = if s.chars().count() > 40 {
-            format!("'{}…'", s.chars().take(40).collect::<String>().escape_debug())
-        } else {
-            format!("'{}'", s.escape_debug())
-        };
-        Err(IndexError::InvalidName { what, shown, reason })
-    };
-    let min = if what == "namespace" { 0 } else { 1 };
-    if s.len() < min {
-        return fail(format!("a {what} must not be empty"));
+/// heed results → `IndexError` with the index path, for callers that use the typed tables directly.
+pub(crate) trait HeedExt<T> {
+    fn ix(self, ix: &Index) -> Result<T, IndexError>;
+}
+impl<T> HeedExt<T> for Result<T, heed::Error> {
+    fn ix(self, ix: &Index) -> Result<T, IndexError> {
+        self.map_err(|e| ix.err(e))
     }
-    if s.len() > MAX_NAME_BYTES {
-        return fail(format!("{} bytes long; the limit is {MAX_NAME_BYTES} bytes (UTF-8)", s.len()));
-    }
-    if let Some(c) = s.chars().find(|c| c.is_control()) {
-        return fail(format!("contains control character U+{:04X}; {what}s are printable text", c as u32));
-    }
-    if s.contains('/') {
-        return fail(format!("{what} contains '/': {what}s are identifiers, not paths"));
-    }
-    if s.contains('\\') {
-        return fail(format!("{what} contains '\\': {what}s are identifiers, not paths"));
-    }
-    if s.contains("..") {
-        return fail(format!("{what} contains '..': {what}s are identifiers, not paths"));
-    }
-    if s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace) {
-        return fail(format!("{what} has leading or trailing whitespace"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::tests::TempDir;
-
-    #[test]
-    fn name_rules() {
-        for ok in ["a", "user-42", "conv:2024/x".replace('/', "_").as_str(), "日本語", "a.b", "x y"] {
-            validate_name(ok, "name").unwrap();
-        }
-        validate_name("", "namespace").unwrap();
-        let bad = [
-            ("", "empty"),
-            ("a/b", "'/'"),
-            ("a\\b", "'\\'"),
-            ("..", "'..'"),
-            ("a..b", "'..'"),
-            ("a\0b", "control"),
-            ("a\nb", "control"),
-            (" a", "whitespace"),
-            ("a\t", "control"),
-            ("a ", "whitespace"),
-        ];
-        for (s, why) in bad {
-            let e = validate_name(s, "name").unwrap_err().to_string();
-            assert!(e.contains(why), "{s:?}: {e}");
-        }
-        let long = "x".repeat(10_000);
-        let e = validate_name(&long, "name").unwrap_err().to_string();
-        assert!(e.contains("10000 bytes") && e.len() < 300, "{e}");
-        validate_name(&"x".repeat(200), "name").unwrap();
-        assert!(validate_name(&"é".repeat(101), "name").is_err()); // 202 bytes
-        let e = validate_name("a/b", "name").unwrap_err().to_string();
-        assert_eq!(e, "invalid name 'a/b': name contains '/': names are identifiers, not paths");
-    }
+    use crate::testutil::TempDir;
 
     #[test]
     fn open_twice_shares_env_and_keeps_block_size() {
@@ -321,22 +194,17 @@ mod tests {
         let id = ObjectId::of(b"m");
         let mut w = a.write_txn().unwrap();
         a.names
-            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id.hex(), created: 1.0, last_used: 2.0 })
+            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id, created: 1.0, last_used: 2.0 })
             .unwrap();
         a.prefixes.put(&mut w, &([7u8; 32], id), &128).unwrap();
         a.objects.put(&mut w, &id, &ObjectRow { raw_len: 5, stored_len: 3 }).unwrap();
         w.commit().unwrap();
         let r = b.read_txn().unwrap();
-        assert_eq!(b.names.get(&r, &("ns", "n")).unwrap().unwrap().manifest, id.hex());
+        assert_eq!(b.names.get(&r, &("ns", "n")).unwrap().unwrap().manifest, id);
         assert_eq!(b.objects.get(&r, &id).unwrap(), Some(ObjectRow { raw_len: 5, stored_len: 3 }));
-        let hits: Vec<_> = b
-            .prefixes
-            .remap_key_type::<Bytes>()
-            .prefix_iter(&r, &[7u8; 32][..])
-            .unwrap()
-            .map(|kv| kv.unwrap().1)
-            .collect();
-        assert_eq!(hits, vec![128]);
+        let hits = b.manifests_at_prefix(&r, &[7u8; 32]).unwrap();
+        assert_eq!(hits, vec![id]);
+        assert!(b.manifests_at_prefix(&r, &[8u8; 32]).unwrap().is_empty());
         drop(r);
         drop((a, b));
         // Reopen after the last handle closed.

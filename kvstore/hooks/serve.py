@@ -1,7 +1,11 @@
-"""`kvstore serve`: the hooks in front of an external llama-server (--upstream) or an embedded one."""
+"""`kvstore serve`: the hooks in front of an external llama-server (--upstream) or an embedded one.
+
+`run(args)` runs the server for arguments parsed by `kvstore.cli` (the one parser; `kvstore serve --help`) until
+SIGTERM/SIGINT, then saves dirty slots; exit status 0, or 2 with one line on stderr. `Running` is the same server
+on a background thread (tests, embedding). `python -m kvstore.hooks.serve ARGS` is `kvstore serve ARGS`.
+"""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
@@ -15,25 +19,6 @@ from aiohttp import web
 from .app import HOOKS, HooksConfig, build_app
 
 log = logging.getLogger("kvstore.hooks")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvstore serve", description=__doc__)
-    p.add_argument("--upstream", metavar="URL",
-                   help="an external llama-server (started with --slot-save-path <store>/sync); "
-                        "default: start an embedded one")
-    p.add_argument("--store", metavar="DIR", help="store directory (default $KVSTORE_DIR or ~/.local/share/kvstore)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    p.add_argument("--name-from-user", action="store_true", help="use the OpenAI `user` field as the state name")
-    p.add_argument("--idle-save", type=float, default=30.0, metavar="SECONDS",
-                   help="save a dirty slot after this long idle (0: only on eviction and shutdown)")
-    p.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests that may wait for a slot")
-    from kvstore.engine import add_engine_args
-
-    add_engine_args(p.add_argument_group("embedded llama-server (ignored with --upstream)"))
-    p.add_argument("-v", "--verbose", action="store_true")
-    return p
 
 
 def start_engine(args):
@@ -117,13 +102,13 @@ async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
     await runner.cleanup()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = parser().parse_args(argv)
+def run(args) -> int:
+    """`kvstore serve` with the arguments `kvstore.cli` parsed."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kvstore.config import store_dir
 
-    args.store = store_dir(args.store)
+    args.store = store_dir(args.store).resolve()
     Path(args.store).mkdir(parents=True, exist_ok=True)
     engine = None
     extra = {}
@@ -159,6 +144,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         if engine is not None:
             engine.close()
     return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from kvstore.cli import main as cli_main
+
+    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

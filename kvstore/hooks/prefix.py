@@ -11,7 +11,7 @@ never handed to llama-server; the caller then serves the request as before and c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 # Order of preference among equal common prefixes: the request's own state, its parent, any other state.
 KINDS = ("restored", "parent", "prefix")
@@ -57,3 +57,47 @@ def swa_cells(n_swa: int, n_ubatch: int, n_ctx_slot: int, kv_unified: bool, swa_
     if n_swa <= 0 or kv_unified or swa_full:
         return 0
     return (min(n_ctx_slot, n_swa + n_ubatch) + 255) // 256 * 256  # GGML_PAD(..., 256), llama-kv-cache-iswa.cpp
+
+
+async def choose(store: Any, namespace: str, name: Optional[str], parent: Optional[str], tokens: Sequence[int],
+                 hint: Optional[dict], min_tokens: int) -> Optional[Candidate]:
+    """The stored state to cut for a prompt: the request's own name, its parent, or the lookup `hint` (the longest
+    stored prefix of the namespace), whichever shares the most tokens (`store`: the hooks' AsyncStore)."""
+    from kvstore.errors import NameNotFound
+
+    cands: list[Candidate] = []
+    for kind, n in (("restored", name), ("parent", parent)):
+        if not n:
+            continue
+        try:
+            st = await store.tokens(n, namespace=namespace)
+        except NameNotFound:
+            continue
+        cands.append(Candidate(kind, n, None, len(st), common_prefix(st, tokens)))
+    if hint is not None:
+        cands.append(Candidate("prefix", hint.get("name") or None, hint["manifest_id"], int(hint["n_tokens"]),
+                               int(hint["n_common"])))
+    return best(cands, min_tokens)
+
+
+async def restore_cut(broker: Any, lease: Any, naming: Any, tokens: Optional[Sequence[int]], hint: Optional[dict]
+                      ) -> Optional[tuple[str, int]]:
+    """Restore the best stored state cut at its common prefix with the prompt into the leased slot (`broker`: the
+    hooks' Broker). Returns (X-KV-Cache kind, P), or None when nothing beats the slot's own content or the cut
+    cannot be emitted: the caller then goes on as on any other model."""
+    if not tokens:
+        return None
+    if hint is None:
+        hint = await broker.lookup(naming.namespace, tokens)
+    c = await choose(broker.store, naming.namespace, naming.name, naming.parent, tokens, hint, broker.block_size)
+    if c is None or c.n_common <= lease.lcp:
+        return None
+    r = await broker.transfer.restore_cut(lease, naming.namespace, cut_point(c),
+                                          name=c.name if c.kind != "prefix" else None, manifest_id=c.manifest_id)
+    if r is None:
+        return None
+    if c.kind == "parent":
+        broker.table.set_parent(lease.slot, naming.parent if naming.name else None)
+    elif c.kind == "prefix" and naming.name and c.name and c.name != naming.name:
+        broker.table.set_parent(lease.slot, c.name)
+    return c.kind, int(r.get("n_restored") or 0)

@@ -1,0 +1,236 @@
+"""What to restore into a slot and what to save from it: the proxy's decisions, without HTTP (no aiohttp.web).
+
+`hold(naming, tokens_fn)` leases a slot for a request and brings the best stored state into it, in the order of
+docs/hooks.md ("What happens to a request"): the name resident, the parent resident, in-place reuse of an idle slot
+sharing a longer prefix than the store has (only when the request has nothing of its own stored), else an idle
+slot into which the name, the parent or the longest stored prefix is restored. It yields
+(lease, X-KV-Cache kind, tokens restored). A failed restore is a miss, never an error.
+
+The other operations (`prime`, `save_raw`, `restore_raw`, `erase`, `delete`, `info`) are the state and slot API's
+steps; they return plain dicts and raise `errors.NotFound` / `RestoreFailed` / `UpstreamError` / `QueueFull`,
+which the handlers and the error middleware turn into replies. Slot fields are only written through `SlotTable`.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any, Awaitable, Callable, Optional
+
+from . import prefix as pf
+from .errors import BadRequest, NotFound, NotStored, RestoreFailed, UpstreamReply
+from .metrics import Metrics
+from .naming import Naming
+from .slots import Lease, SlotTable
+from .store import AsyncStore
+from .transfer import Transfer
+
+log = logging.getLogger("kvstore.hooks")
+
+TokensFn = Callable[[], Awaitable[Optional[list[int]]]]
+
+
+class Once:
+    """An awaitable computed at most once, and only if asked for (the prompt's tokens); `.value` once it is."""
+
+    def __init__(self, fn: TokensFn):
+        self._fn = fn
+        self._done = False
+        self.value: Any = None
+
+    async def __call__(self) -> Any:
+        if not self._done:
+            self.value = await self._fn()
+            self._done = True
+        return self.value
+
+
+class Broker:
+    def __init__(self, up: Any, store: AsyncStore, transfer: Transfer, table: SlotTable, metrics: Metrics):
+        self.up, self.store, self.transfer, self.table, self.metrics = up, store, transfer, table, metrics
+        self.block_size = store.block_size
+
+    # ---- facts -----------------------------------------------------------------------------------------------
+    async def lookup(self, namespace: str, tokens: Optional[list[int]]) -> Optional[dict]:
+        """The longest stored prefix of `tokens`, if at least one block long (a failed lookup is a miss)."""
+        if not tokens or len(tokens) < self.block_size:
+            return None
+        try:
+            hit = await self.store.lookup(tokens, namespace=namespace, fingerprint=self.transfer.fingerprint)
+        except Exception as e:  # noqa: BLE001 - a failed lookup is a miss
+            log.error("prefix lookup failed: %s", e)
+            return None
+        if hit and int(hit.get("n_common") or 0) >= self.block_size:
+            return hit
+        return None
+
+    async def stored(self, namespace: str, name: str) -> bool:
+        try:
+            return await self.store.get(name, namespace=namespace) is not None
+        except Exception as e:  # noqa: BLE001 - unknown: let the restore decide
+            log.error("store lookup of %r failed: %s", name, e)
+            return True
+
+    async def prompt_tokens(self, body: dict, chat: bool) -> Optional[list[int]]:
+        """The prompt's tokens as llama-server will see them (best effort; None if unknown)."""
+        try:
+            if chat:
+                if not isinstance(body.get("messages"), list):
+                    return None
+                return await self.up.tokenize(await self.up.apply_template(body))
+            prompt = body.get("prompt")
+            if isinstance(prompt, str):
+                return await self.up.tokenize(prompt)
+            if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                return list(prompt)
+        except UpstreamReply as e:
+            log.warning("could not tokenize the prompt: %s", e)
+        return None
+
+    # ---- a request's slot ------------------------------------------------------------------------------------
+    async def plan(self, naming: Naming, tokens_fn: TokensFn) -> tuple[Optional[list[int]], Optional[dict], int, bool]:
+        """What to ask the slot table for, before taking a slot: (tokens, stored-prefix hit, better_than, looked_up).
+
+        A request with nothing of its own to restore (unnamed without a parent; named, with its name neither
+        resident nor stored and no parent resident or stored) may reuse an idle slot's content in place, as
+        llama-server's slot similarity does: its prompt is tokenized and the longest stored prefix looked up, and
+        a slot wins if it shares more than that (a named request: at least one store block too).
+        """
+        ns = naming.namespace
+        if naming.name is None:
+            if naming.parent is not None:
+                return None, None, 0, False
+        elif (self.table.resident(naming.key) is not None or await self.stored(ns, naming.name)
+              or (naming.parent is not None and (self.table.resident(naming.parent_key) is not None
+                                                 or await self.stored(ns, naming.parent)))):
+            return None, None, 0, False
+        tokens = await tokens_fn()
+        hint = await self.lookup(ns, tokens)
+        stored = int(hint["n_common"]) if hint else 0
+        better = stored if naming.name is None else max(stored + 1, self.block_size)
+        return tokens, hint, better, True
+
+    async def prepare(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, hint: Optional[dict],
+                      looked_up: bool = False) -> tuple[str, int]:
+        """Bring the best stored state into the leased slot. Returns (X-KV-Cache kind, tokens restored)."""
+        if lease.resident:
+            return "slot", 0
+        if lease.parent_resident:
+            return "parent", 0
+        ns, slot = naming.namespace, lease.slot
+        try:
+            if int(self.transfer.fingerprint.get("n_swa") or 0) > 0:  # an SWA model: cut at the common prefix
+                with contextlib.suppress(NotStored):
+                    cut = await pf.restore_cut(self, lease, naming, await tokens_fn(), hint)
+                    if cut is not None:
+                        return cut
+            if naming.name:
+                with contextlib.suppress(NotStored):
+                    r = await self.transfer.restore(lease, ns, name=naming.name)
+                    return "restored", int(r.get("n_restored") or 0)
+            if naming.parent:
+                with contextlib.suppress(NotStored):
+                    r = await self.transfer.restore(lease, ns, name=naming.parent)
+                    self.table.set_parent(slot, naming.parent if naming.name else None)
+                    return "parent", int(r.get("n_restored") or 0)
+            if not looked_up and naming.name:
+                hint = await self.lookup(ns, await tokens_fn())
+            if hint is not None and int(hint["n_common"]) > lease.lcp:
+                with contextlib.suppress(NotStored):
+                    r = await self.transfer.restore(lease, ns, manifest_id=hint["manifest_id"])
+                    if naming.name and hint.get("name") and hint["name"] != naming.name:
+                        self.table.set_parent(slot, hint["name"])
+                    return "prefix", int(r.get("n_restored") or 0)
+        except RestoreFailed:
+            return "miss", 0
+        return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, naming: Naming, tokens_fn: TokensFn, *, plan: bool = True):
+        """Hold a slot for a request and bring the best state into it: yields (lease, X-KV-Cache kind, restored).
+
+        plan: consider in-place reuse of an idle slot's content (see plan()); False for never-named requests.
+        """
+        tokens, hint, better, looked_up = await self.plan(naming, tokens_fn) if plan else (None, None, 0, False)
+        # A stored state of the request's own name beats its parent resident in a slot: it holds more tokens.
+        parent = naming.parent_key
+        if parent is not None and naming.name is not None and await self.stored(naming.namespace, naming.name):
+            parent = None
+        async with self.table.acquire(key=naming.key, parent=parent, tokens=tokens, namespace=naming.namespace,
+                                      better_than=better) as lease:
+            kind, n_restored = await self.prepare(lease, naming, tokens_fn, hint, looked_up)
+            self.metrics.kind(kind)
+            yield lease, kind, n_restored
+
+    # ---- the state and slot API --------------------------------------------------------------------------------
+    async def prime(self, naming: Naming, prompt: Any) -> dict:
+        """Evaluate `prompt` (n_predict 0) into a slot and store it under the name."""
+        tokens_fn = Once(lambda: self.prompt_tokens({"prompt": prompt}, False))
+        async with self.hold(naming, tokens_fn) as (lease, kind, n_restored):
+            slot = lease.slot
+            try:
+                r = await self.up.completion(prompt, n_predict=0, id_slot=slot.id, cache_prompt=True, temperature=0)
+            finally:
+                self.table.evaluated(slot)
+            self.table.evaluated(slot, await tokens_fn() or [])
+            timings = r.get("timings") or {}
+            self.metrics.evaluated(kind, timings, n_restored)
+            info = await lease.shielded(self.transfer.save(slot))
+            self.table.saved(slot)
+        return {"id_slot": slot.id, "cache": kind, "n_restored": n_restored, "timings": timings, "stored": info,
+                "n_tokens": int((info or {}).get("n_tokens") or r.get("tokens_cached") or 0)}
+
+    async def save_raw(self, slot_id: int, namespace: str, name: str) -> dict:
+        """`/slots/{id}?action=save` with a name: the slot's content into the store, its label unchanged."""
+        async with self.table.acquire(slot_id=slot_id, relabel=False) as lease:
+            t0 = time.perf_counter()
+            info = await lease.shielded(self.transfer.save(lease.slot, name=name, namespace=namespace))
+            self.table.saved(lease.slot, (namespace, name))
+        return {"info": info or {}, "seconds": time.perf_counter() - t0}
+
+    async def restore_raw(self, slot_id: int, namespace: str, name: str) -> dict:
+        """`/slots/{id}?action=restore` with a name: the stored state into that slot, which then holds the name.
+        Raises NotFound, or BadRequest when the restore failed (the slot is then empty)."""
+        key = (namespace, name)
+        other = self.table.resident(key)
+        if other is not None and other.id != slot_id:
+            # The name is resident elsewhere: save its newest content, then let only the target hold the label.
+            async with self.table.acquire(slot_id=other.id, relabel=False) as lease:
+                if other.key == key:
+                    if other.dirty:
+                        await self.table.evict(lease)
+                    self.table.forget(other)
+        async with self.table.acquire(slot_id=slot_id, key=key) as lease:
+            if lease.resident and lease.slot.dirty:
+                await self.table.evict(lease)
+            t0 = time.perf_counter()
+            try:
+                r = await self.transfer.restore(lease, namespace, name=name)
+            except NotStored:
+                raise NotFound(namespace, name) from None
+            except RestoreFailed as e:
+                raise BadRequest(f"restore of {name!r} failed: {e}") from e
+            self.table.restored(lease.slot)
+        return {"reply": r, "seconds": time.perf_counter() - t0}
+
+    async def erase(self, slot_id: int) -> dict:
+        async with self.table.acquire(slot_id=slot_id, relabel=False) as lease:
+            r = await self.up.slot_action(slot_id, "erase")
+            self.table.erased(lease.slot)
+        return r
+
+    async def delete(self, namespace: str, name: str) -> None:
+        """Remove a name from the store and from the slot holding it; NotFound if neither had it."""
+        s = self.table.resident((namespace, name))
+        if s is not None:  # forget the label: the slot's content is no longer saved under that name
+            self.table.forget(s)
+        if not await self.store.remove(name, namespace=namespace) and s is None:
+            raise NotFound(namespace, name)
+
+    async def info(self, namespace: str, name: str) -> dict:
+        """The stored state plus where it is resident; NotFound if not stored."""
+        info = await self.store.get(name, namespace=namespace)
+        if info is None:
+            raise NotFound(namespace, name)
+        s = self.table.resident((namespace, name))
+        return {**info, "resident_slot": s.id if s is not None else None, "dirty": bool(s is not None and s.dirty)}

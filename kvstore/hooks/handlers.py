@@ -1,0 +1,222 @@
+"""The HTTP handlers: parse a request, call the broker (or the store, or llama-server), shape the reply.
+
+Thin by design: what to restore or save is `broker.py`'s, slot fields are `SlotTable`'s, and errors are raised
+(`errors.BadRequest`, `NotFound`, ...) for `middleware.py` to turn into replies. Routes: `app.py`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from aiohttp import web
+
+from kvstore import page
+
+from . import naming as nm
+from .broker import Once
+from .errors import BadRequest
+from .metrics import timings_from_sse_tail
+
+COMPLETION_PATHS = ("/completion", "/completions", "/v1/completions")
+CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
+SLOT_ONLY_PATHS = ("/infill",)  # evaluate in a slot, but never named
+TAIL_BYTES = 64 * 1024
+BODY_KEEP = 4 * 1024 * 1024
+
+
+class Handlers:
+    """Bound to the running server's shared state (`app.Hooks`: cfg, up, store, table, broker, metrics)."""
+
+    def __init__(self, hooks: Any):
+        self.h = hooks
+
+    async def completion(self, request: web.Request) -> web.StreamResponse:
+        h, path = self.h, request.path
+        body = await _json_body(request, allow_empty=True)
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        chat = path in CHAT_PATHS
+        nameable = path not in SLOT_ONLY_PATHS
+        naming = nm.naming_of(request.headers, body if nameable else {}, name_from_user=h.cfg.name_from_user)
+        nm.strip_fields(body)
+        tokens_fn = Once(lambda: h.broker.prompt_tokens(body, chat))
+        async with h.broker.hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
+            slot = lease.slot
+            body["id_slot"] = slot.id
+            body["cache_prompt"] = True
+            headers = {"X-KV-Cache": kind, "X-KV-Restored-Tokens": str(n_restored), "X-KV-Slot": str(slot.id)}
+            if naming.name:
+                headers["X-KV-Name"] = naming.name
+            seen = _Tee(bool(body.get("stream")))
+            try:
+                resp = await h.up.forward(request, path, body=json.dumps(body).encode(), extra_headers=headers,
+                                          tee=seen)
+            finally:
+                if seen.started:
+                    h.table.evaluated(slot, tokens_fn.value or [])
+                    # Counted even when the client hung up after the last chunk (write_eof then fails).
+                    h.metrics.evaluated(kind, seen.timings(), n_restored)
+            return resp
+
+    async def prime(self, request: web.Request) -> web.Response:
+        """POST /kvstore/states/{name}: evaluate a prompt (n_predict 0) into a slot and store it under the name."""
+        body = await _json_body(request)
+        if not isinstance(body, dict) or ("prompt" not in body and "messages" not in body):
+            raise BadRequest("give `prompt` (string or token ids) or `messages`")
+        name = request.match_info["name"]
+        parent = body.get("parent", body.get(nm.PARENT_FIELD, request.headers.get(nm.PARENT_HEADER)))
+        ns = nm.namespace_of(request.headers)
+        nm.validate(name, "name")
+        if parent is not None:
+            nm.validate(parent, "parent")
+        if "messages" in body:
+            prompt: Any = await self.h.up.apply_template(
+                body, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
+        else:
+            prompt = body["prompt"]
+        r = await self.h.broker.prime(nm.Naming(ns, name, parent or None), prompt)
+        kind, n_restored = r["cache"], r["n_restored"]
+        return web.json_response(jsonable({"name": name, "namespace": ns, **r}), headers={
+            "X-KV-Cache": kind, "X-KV-Slot": str(r["id_slot"]), "X-KV-Restored-Tokens": str(n_restored)})
+
+    async def state_info(self, request: web.Request) -> web.Response:
+        ns, name = _state_key(request)
+        return web.json_response(jsonable(await self.h.broker.info(ns, name)))
+
+    async def state_delete(self, request: web.Request) -> web.Response:
+        ns, name = _state_key(request)
+        await self.h.broker.delete(ns, name)
+        return web.json_response({"name": name, "namespace": ns, "removed": True})
+
+    async def state_list(self, request: web.Request) -> web.Response:
+        ns = nm.namespace_of(request.headers)
+        items = await self.h.store.list(namespace=ns)
+        return web.json_response({"namespace": ns, "states": jsonable(items)})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        h = self.h
+        store = await h.store.stats()
+        return web.json_response(jsonable({
+            "upstream": h.up.url, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
+            "queue_length": h.table.queue_length, "slots": h.table.as_list(),
+            "counters": h.metrics.snapshot(), "store": store}))
+
+    async def status_page(self, request: web.Request) -> web.Response:
+        """GET /kvstore/: the status page (`?fragment=1`: its main part, for the page's own refresh)."""
+        h = self.h
+        ns = None if page.operator_view(request.remote, request.headers) else nm.namespace_of(request.headers)
+        snap = {"upstream": h.up.url, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
+                "queue_length": h.table.queue_length, "slots": page.visible_slots(h.table.as_list(), ns),
+                "slot_clock": h.table.clock(), "history": h.metrics.history.snapshot(),
+                "store": await h.store.snapshot(ns)}
+        html = page.render_fragment(snap) if request.query.get("fragment") else page.render_page(snap, live=True)
+        return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        try:
+            store = await self.h.store.stats()
+        except Exception:  # noqa: BLE001 - the counters are still worth showing
+            store = None
+        text = self.h.metrics.prometheus(queue_length=self.h.table.queue_length, store=store)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                            headers={"X-KV-Note": "kvstore metrics; llama-server's own are at its /metrics"})
+
+    async def slot_action(self, request: web.Request) -> web.StreamResponse:
+        """Raw slot API: save ingests into the store, restore materializes first, erase marks the slot empty."""
+        action = request.query.get("action")
+        if action not in ("save", "restore", "erase"):
+            return await self.passthrough(request)
+        try:
+            slot_id = int(request.match_info["id"])
+        except ValueError:
+            raise BadRequest(f"slot id {request.match_info['id']!r} is not an integer") from None
+        n = self.h.n_slots
+        if not 0 <= slot_id < n:
+            raise BadRequest(f"slot id {slot_id} out of range: this server has {n} slot(s), 0..{n - 1}")
+        body = await _json_body(request, allow_empty=True)
+        ns = nm.namespace_of(request.headers)
+        if action == "erase":
+            return web.json_response(await self.h.broker.erase(slot_id))
+        name = body.get("filename") if isinstance(body, dict) else None
+        if name is None:
+            raise BadRequest("body needs a `filename`: the name to save or restore")
+        nm.validate(name, "name")
+        if action == "save":
+            r = await self.h.broker.save_raw(slot_id, ns, name)
+            info, save = r["info"], r["info"].get("save") or {}
+            return web.json_response({
+                "id_slot": slot_id, "filename": name, "n_saved": save.get("n_saved", 0),
+                "n_written": save.get("n_written", 0), "timings": {"save_ms": _ms(r["seconds"])},
+                "kvstore": jsonable({k: v for k, v in info.items() if k != "save"})})
+        r = await self.h.broker.restore_raw(slot_id, ns, name)
+        reply = r["reply"]
+        info = reply.get("kvstore") or {}
+        return web.json_response({
+            "id_slot": slot_id, "filename": name, "n_restored": reply.get("n_restored", 0),
+            "n_read": reply.get("n_read", info.get("file_bytes", 0)), "timings": {"restore_ms": _ms(r["seconds"])},
+            "kvstore": jsonable(info)})
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        return await self.h.up.forward(request, request.path)
+
+
+async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Any:
+    raw = await request.read()
+    if allow_empty and not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise BadRequest("request body is not valid JSON") from None
+
+
+def _state_key(request: web.Request) -> tuple[str, str]:
+    """(namespace, name) of a /kvstore/states/{name} request; raises BadName."""
+    return nm.namespace_of(request.headers), nm.validate(request.match_info["name"], "name")
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+class _Tee:
+    """Sees reply chunks: keeps a non-stream body (bounded) or the tail of a stream, for `timings`."""
+
+    def __init__(self, stream: bool):
+        self.stream = stream
+        self.started = False
+        self.buf = bytearray()
+        self.overflow = False
+
+    def __call__(self, chunk: bytes) -> None:
+        self.started = True
+        self.buf += chunk
+        if self.stream:
+            if len(self.buf) > 2 * TAIL_BYTES:
+                del self.buf[:-TAIL_BYTES]
+        elif len(self.buf) > BODY_KEEP:
+            self.overflow = True
+            self.buf.clear()
+
+    def timings(self) -> Optional[dict]:
+        if self.stream:
+            return timings_from_sse_tail(bytes(self.buf))
+        if self.overflow:
+            return None
+        try:
+            obj = json.loads(bytes(self.buf))
+        except ValueError:
+            return None
+        return obj.get("timings") if isinstance(obj, dict) else None
+
+
+def jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if isinstance(x, bytes):
+        return x.hex()
+    return str(x)

@@ -1,0 +1,90 @@
+"""One llama-server slot as the proxy sees it (`Slot`), a request's hold on one (`Lease`), and `QueueFull`.
+
+Fields of a `Slot` are written only by `slots.SlotTable` (and `Slot.hold`/`clear`, which it calls): handlers and
+the broker report what happened through the table's methods.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Optional, Sequence
+
+if TYPE_CHECKING:
+    from .slots import SlotTable
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the wait queue is at its bound."""
+
+
+@dataclass(eq=False)
+class Slot:
+    id: int
+    name: Optional[str] = None
+    namespace: str = ""
+    tokens: list[int] = field(default_factory=list)
+    dirty: bool = False
+    last_used: float = 0.0
+    parent: Optional[str] = None  # the name this state was built on (recorded at ingest)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def key(self) -> Optional[Key]:
+        return (self.namespace, self.name) if self.name is not None else None
+
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked()
+
+    @property
+    def empty(self) -> bool:
+        return self.name is None and not self.tokens
+
+    def hold(self, key: Optional[Key], *, parent: Optional[str] = None) -> None:
+        """Label the slot as holding `key` (its content is kept; the caller restores or extends it)."""
+        if key is None:
+            self.namespace, self.name = "", None
+        else:
+            self.namespace, self.name = key
+        self.parent = parent
+        self.dirty = False
+
+    def clear(self) -> None:
+        """The slot's KV is gone (erase, failed restore): keep the label, forget the content."""
+        self.tokens = []
+        self.dirty = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "namespace": self.namespace, "n_tokens": len(self.tokens),
+                "dirty": self.dirty, "busy": self.busy, "last_used": self.last_used, "parent": self.parent}
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Lease:
+    """What `acquire` found: the slot, and how its current content relates to the request."""
+
+    slot: Slot
+    resident: bool = False  # the slot already holds the requested name
+    parent_resident: bool = False  # the slot holds the requested parent (used in place)
+    lcp: int = 0  # tokens the slot's content shares with the request's prompt (reused in place)
+    table: Optional["SlotTable"] = field(default=None, repr=False)  # set by acquire: the table that leased it
+    _tasks: list = field(default_factory=list, repr=False)
+
+    async def shielded(self, coro: Awaitable[Any]) -> Any:
+        """Run a save or restore so that a cancelled handler cannot interrupt it half-way.
+
+        If the handler is cancelled, the slot stays locked until the operation has finished.
+        """
+        task = asyncio.ensure_future(coro)
+        self._tasks.append(task)
+        return await asyncio.shield(task)

@@ -1,0 +1,74 @@
+"""The store as the proxy sees it: every call to the compiled core runs in a worker thread (`asyncio.to_thread`).
+
+The core releases the GIL while it works, so the event loop keeps serving other requests during an ingest or a
+materialize. This is the proxy's only way to the store; it adds no logic of its own.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping, Optional, Sequence
+
+
+class AsyncStore:
+    """`await AsyncStore.open(path)`; the same methods as `kvstore.Store`, awaitable."""
+
+    def __init__(self, store: Any):
+        self.core = store
+
+    @classmethod
+    async def open(cls, path: str) -> "AsyncStore":
+        from kvstore.api import Store
+
+        return cls(await asyncio.to_thread(Store, path))
+
+    @property
+    def block_size(self) -> int:
+        return int(self.core.block_size)
+
+    async def ingest(self, name: str, path: str, *, namespace: str, fingerprint: Mapping[str, str],
+                     parent: Optional[str] = None) -> dict:
+        """Store the file (removed once stored) under (namespace, name)."""
+        return await asyncio.to_thread(self.core.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
+                                       parent=parent, remove_file=True)
+
+    async def materialize(self, name: str, path: str, *, namespace: str, expect: Mapping[str, str],
+                          n_stream: int) -> dict:
+        return await asyncio.to_thread(self.core.materialize, name, path, namespace=namespace, expect=expect,
+                                       n_stream=n_stream)
+
+    async def materialize_manifest(self, manifest_id: str, path: str, *, expect: Mapping[str, str],
+                                   n_stream: int) -> dict:
+        return await asyncio.to_thread(self.core.materialize_manifest, manifest_id, path, expect=expect,
+                                       n_stream=n_stream)
+
+    async def materialize_prefix(self, name: Optional[str], n_tokens: int, path: str, *, namespace: str,
+                                 manifest_id: Optional[str], expect: Mapping[str, str], n_stream: int,
+                                 fill_masked: int) -> dict:
+        return await asyncio.to_thread(self.core.materialize_prefix, name, n_tokens, path, namespace=namespace,
+                                       manifest_id=manifest_id, expect=expect, n_stream=n_stream,
+                                       fill_masked=fill_masked)
+
+    async def tokens(self, name: str, *, namespace: str) -> list[int]:
+        return await asyncio.to_thread(self.core.tokens, name, namespace=namespace)
+
+    async def lookup(self, tokens: Sequence[int], *, namespace: str, fingerprint: Mapping[str, str]
+                     ) -> Optional[dict]:
+        return await asyncio.to_thread(self.core.lookup, tokens, namespace=namespace, fingerprint=fingerprint)
+
+    async def get(self, name: str, *, namespace: str) -> Optional[dict]:
+        return await asyncio.to_thread(self.core.get, name, namespace=namespace)
+
+    async def list(self, *, namespace: Optional[str]) -> list:
+        return await asyncio.to_thread(self.core.list, namespace=namespace)
+
+    async def remove(self, name: str, *, namespace: str) -> bool:
+        return await asyncio.to_thread(self.core.remove, name, namespace=namespace)
+
+    async def stats(self) -> dict:
+        return await asyncio.to_thread(self.core.stats)
+
+    async def snapshot(self, namespace: Optional[str]) -> dict:
+        """The status page's store part (`kvstore.page.store_snapshot`), one namespace or (None) all."""
+        from kvstore.page import store_snapshot
+
+        return await asyncio.to_thread(store_snapshot, self.core, namespace)

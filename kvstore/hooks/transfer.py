@@ -1,0 +1,149 @@
+"""Moving a state between a llama-server slot and the store, through the sync directory. No aiohttp.
+
+`save(slot)`: llama-server writes the slot to a `.kv-*` file, the store ingests it (file removed), under the slot's
+name or another. `restore(lease, ...)`: the store materializes a name or a manifest into a file re-emitted for the
+server's slot count, llama-server loads it. Both run under the caller's slot lease. A restore raises `NotStored`
+(nothing under that name) or `RestoreFailed` (materialize or llama-server refused: the slot is now empty);
+`UpstreamError` (llama-server unreachable) propagates.
+
+The server's cache layout (types, flash attention, rotation) is not in `/props`: it is learned from the first
+non-empty save and from then on required of every state restored or ingested (`expect()`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+from kvstore import _core
+from kvstore.errors import KvStoreError, NameNotFound
+
+from .errors import NotStored, RestoreFailed, UpstreamError, UpstreamReply
+from .metrics import Metrics
+from .slot import Lease, Slot
+from .store import AsyncStore
+from .syncdir import SyncDir
+
+log = logging.getLogger("kvstore.hooks")
+
+
+def layout_is_empty(layout: str) -> bool:
+    """Does this layout describe an empty slot (no KV layers), which says nothing about the server's layout?
+    The rule is the core's (`_core.layout_is_empty`); this name keeps the hooks' callers and tests short."""
+    return _core.layout_is_empty(layout)
+
+
+class Transfer:
+    def __init__(self, up: Any, store: AsyncStore, sync: SyncDir, metrics: Metrics, *, n_slots: int,
+                 fingerprint: dict[str, str], swa_cells: int = 0):
+        self.up, self.store, self.sync, self.metrics = up, store, sync, metrics
+        self.n_slots = n_slots
+        self.fingerprint = fingerprint
+        self.swa_cells = swa_cells  # hooks/prefix.py swa_cells: keep a fresh evaluation's cell layout in a cut
+        self.layout: Optional[str] = None
+
+    def expect(self) -> dict[str, str]:
+        """What a state must match to go into this server: the fingerprint, plus the layout once it is known.
+        (The core keeps `layout` out of the fingerprint id, so prefix lookups are unaffected.)"""
+        return {**self.fingerprint, "layout": self.layout} if self.layout else self.fingerprint
+
+    async def save(self, slot: Slot, name: Optional[str] = None, namespace: Optional[str] = None
+                   ) -> Optional[dict]:
+        """Save a slot into the sync dir and ingest it (under its own name, or `name`). Caller holds the slot.
+        Returns the ingest report plus `save` (llama-server's reply); None for an unnamed slot."""
+        name = name if name is not None else slot.name
+        namespace = namespace if namespace is not None else slot.namespace
+        if name is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            with self.sync.temp() as (fn, path):
+                r = await self.up.slot_action(slot.id, "save", fn)
+                if not r.get("n_saved"):
+                    log.warning("slot %d: nothing to save for %r (empty slot); store unchanged", slot.id, name)
+                    return {"n_saved": 0, "save": r}
+                parent = slot.parent if slot.parent != name else None
+                try:
+                    info = await self.store.ingest(name, str(path), namespace=namespace, fingerprint=self.expect(),
+                                                   parent=parent)
+                except NameNotFound:  # the parent is gone; keep the state anyway
+                    info = await self.store.ingest(name, str(path), namespace=namespace, fingerprint=self.expect())
+                if self.layout is None:
+                    await self._learn_layout(name, namespace)
+        except Exception:
+            self.metrics.inc("save_failures")
+            raise
+        self.metrics.timed("save", time.perf_counter() - t0)
+        self.metrics.inc("bytes_ingested", int(info.get("new_stored_bytes") or 0))
+        self.metrics.inc("bytes_saved", int(info.get("file_bytes") or 0))
+        info["save"] = r
+        log.info("slot %d: saved %s/%s: %s tokens, %s new bytes", slot.id, namespace, name,
+                 info.get("n_tokens"), info.get("new_stored_bytes"))
+        return info
+
+    async def _learn_layout(self, name: str, namespace: str) -> None:
+        stored = await self.store.get(name, namespace=namespace)
+        if stored and not layout_is_empty(stored["layout"]):
+            self.layout = stored["layout"]
+            log.info("hooks: llama-server's cache layout is %s", self.layout)
+
+    async def restore(self, lease: Lease, namespace: str, *, name: Optional[str] = None,
+                      manifest_id: Optional[str] = None) -> dict:
+        """Materialize a stored state and restore it into the leased slot (shielded from cancellation).
+        Returns llama-server's reply plus `kvstore` (the materialize report)."""
+        r = await lease.shielded(self._restore(lease, namespace, name, manifest_id))
+        assert r is not None  # only a cut can be unavailable
+        return r
+
+    async def restore_cut(self, lease: Lease, namespace: str, n_tokens: int, *, name: Optional[str] = None,
+                          manifest_id: Optional[str] = None) -> Optional[dict]:
+        """Restore the first `n_tokens` of a stored state (hooks/prefix.py). None, with the slot untouched, when the
+        cut cannot be emitted (counted as prefix_unavailable); else as `restore`."""
+        return await lease.shielded(self._restore(lease, namespace, name, manifest_id, n_tokens))
+
+    async def _restore(self, lease: Lease, namespace: str, name: Optional[str], manifest_id: Optional[str],
+                       cut: Optional[int] = None) -> Optional[dict]:
+        what = name or manifest_id
+        t0 = time.perf_counter()
+        with self.sync.temp() as (fn, path):
+            try:
+                if cut is not None:
+                    info = await self.store.materialize_prefix(name, cut, str(path), namespace=namespace,
+                                                               manifest_id=None if name else manifest_id,
+                                                               expect=self.expect(), n_stream=self.n_slots,
+                                                               fill_masked=self.swa_cells)
+                    if "missing" in info:  # never handed to llama-server
+                        log.info("slot %d: no cut of %s at %d: %s %s", lease.slot.id, what, cut, info.get("reason"),
+                                 info.get("missing"))
+                        self.metrics.inc("prefix_unavailable")
+                        return None
+                elif name is not None:
+                    info = await self.store.materialize(name, str(path), namespace=namespace, expect=self.expect(),
+                                                        n_stream=self.n_slots)
+                else:
+                    info = await self.store.materialize_manifest(manifest_id, str(path), expect=self.expect(),
+                                                                 n_stream=self.n_slots)
+            except NameNotFound:
+                raise NotStored(name) from None
+            except (KvStoreError, OSError) as e:
+                self._failed(lease, f"materialize {what}: {e}")
+                raise RestoreFailed(str(e)) from e
+            self.metrics.inc("bytes_materialized", int(info.get("file_bytes") or 0))
+            try:
+                r = await self.up.slot_action(lease.slot.id, "restore", fn)
+            except UpstreamReply as e:
+                self._failed(lease, f"llama-server refused {what}: {e}")
+                raise RestoreFailed(e.body.decode(errors="replace")) from e
+            except UpstreamError:
+                lease.table.cleared(lease.slot)
+                raise
+        n = int(r.get("n_restored") or 0)
+        self.metrics.timed("restore", time.perf_counter() - t0)
+        self.metrics.inc("tokens_restored", n)
+        r["kvstore"] = info
+        return r
+
+    def _failed(self, lease: Lease, why: str) -> None:
+        log.error("slot %d: restore failed, continuing with a full evaluation: %s", lease.slot.id, why)
+        self.metrics.inc("restore_failures")
+        lease.table.cleared(lease.slot)

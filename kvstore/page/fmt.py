@@ -1,0 +1,79 @@
+"""Small formatters shared by the page's sections. Every function returns text that is already HTML-escaped."""
+from __future__ import annotations
+
+import datetime
+from html import escape
+from typing import Optional
+
+
+def esc(s: object) -> str:
+    return escape(str(s), quote=True)
+
+
+def num(n: Optional[float]) -> str:
+    return "–" if n is None else f"{int(round(n)):,}"
+
+
+def size(n: Optional[float]) -> str:
+    if n is None:
+        return "–"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def ratio(x: Optional[float]) -> str:
+    try:
+        return "–" if x is None else f"{float(x):.2f}×"
+    except (TypeError, ValueError):
+        return "–"
+
+
+def pct(part: float, whole: float) -> str:
+    return "–" if not whole else f"{100.0 * part / whole:.0f}%"
+
+
+def ms(s: Optional[float]) -> str:
+    if s is None:
+        return "–"
+    return f"{s * 1000:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
+def utc(t: Optional[float]) -> str:
+    if not t:
+        return "–"
+    return datetime.datetime.fromtimestamp(float(t), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def ago(t: Optional[float], now: float) -> str:
+    """'3 min ago', with the exact UTC time as a tooltip."""
+    if not t:
+        return "–"
+    d = max(0.0, now - float(t))
+    if d < 60:
+        s = f"{d:.0f} s ago"
+    elif d < 3600:
+        s = f"{d / 60:.0f} min ago"
+    elif d < 86400:
+        s = f"{d / 3600:.1f} h ago"
+    else:
+        s = f"{d / 86400:.0f} d ago"
+    return f'<span title="{esc(utc(t))}">{esc(s)}</span>'
+
+
+def duration(s: float) -> str:
+    s = int(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}" if s % 60 else f"{s // 60}m"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}"
+
+
+def qualified(namespace: str, name: str) -> str:
+    """A name with its namespace (the empty namespace shown as nothing), escaped."""
+    ns = f'<span class="ns">{esc(namespace)}</span>' if namespace else ""
+    return f'{ns}<span class="name">{esc(name)}</span>'

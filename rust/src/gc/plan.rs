@@ -1,0 +1,96 @@
+//! The plan: mark live objects in one read transaction, list what is unreachable. Changes nothing.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use super::GcReport;
+use crate::error::{Error, Result};
+use crate::id::ObjectId;
+use crate::store::Store;
+
+/// What a gc would do, computed without changing anything.
+#[derive(Debug, Clone)]
+pub struct GcPlan {
+    pub grace: Duration,
+    pub live_objects: usize,
+    /// Unreachable objects past the grace period, with their stored bytes.
+    pub dead_objects: Vec<(ObjectId, u64)>,
+    pub kept_young: usize,
+    /// Manifests with an index row that no name references.
+    pub dead_manifests: Vec<ObjectId>,
+    /// Temp files past the grace period.
+    pub stale_temp: usize,
+}
+
+impl GcPlan {
+    /// The plan as a report (a dry run).
+    pub fn report(&self) -> GcReport {
+        GcReport {
+            live_objects: self.live_objects,
+            dead_objects: self.dead_objects.len(),
+            freed_bytes: self.dead_objects.iter().map(|d| d.1).sum(),
+            kept_young: self.kept_young,
+            removed_temp: self.stale_temp,
+            dead_manifests: self.dead_manifests.len(),
+            dry_run: true,
+        }
+    }
+}
+
+pub(super) struct Marks {
+    pub(super) objects: HashSet<ObjectId>,
+    pub(super) manifests: HashSet<ObjectId>,
+}
+
+pub(super) fn mark(store: &Store) -> Result<Marks> {
+    let r = store.index().read_txn()?;
+    let (names, manifests, unreadable) = store.live_set(&r)?;
+    if let Some(id) = unreadable.first() {
+        let who: Vec<String> = names
+            .iter()
+            .filter(|(_, m)| m == id)
+            .map(|(n, _)| if n.namespace.is_empty() { n.name.clone() } else { format!("{}/{}", n.namespace, n.name) })
+            .collect();
+        return Err(Error::Invalid(format!(
+            "gc refused: manifest {id} of state '{}' is missing or unreadable, so the objects it needs are unknown; \
+             run `kvstore verify`, then remove the broken name(s) and run gc again",
+            who.join("', '")
+        )));
+    }
+    let mut objects = HashSet::new();
+    for (mid, refs) in &manifests {
+        objects.insert(*mid);
+        objects.extend(refs.iter().copied());
+    }
+    Ok(Marks { objects, manifests: manifests.keys().copied().collect() })
+}
+
+/// Mark, and list what is unreachable: objects past the grace period, manifest rows, temp files.
+pub fn plan(store: &Store, grace: Duration) -> Result<GcPlan> {
+    let backend = store.objects().backend();
+    let cutoff = SystemTime::now().checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
+    let marks = mark(store)?;
+    let mut plan = GcPlan {
+        grace,
+        live_objects: marks.objects.len(),
+        dead_objects: Vec::new(),
+        kept_young: 0,
+        dead_manifests: Vec::new(),
+        stale_temp: backend.stale_temp(grace)?,
+    };
+    for id in backend.list()? {
+        if marks.objects.contains(&id) {
+            continue;
+        }
+        match backend.mtime(&id)? {
+            Some((mtime, _)) if mtime >= cutoff => plan.kept_young += 1,
+            Some((_, len)) => plan.dead_objects.push((id, len)),
+            None => {} // deleted meanwhile
+        }
+    }
+    let ix = store.index();
+    let r = ix.read_txn()?;
+    plan.dead_manifests = ix.manifest_ids(&r)?.into_iter().filter(|id| !marks.manifests.contains(id)).collect();
+    Ok(plan)
+}
+

@@ -1,0 +1,82 @@
+//! Typed reads and edits over the index tables that take more than one `get`/`put`: name rows of a
+//! namespace, manifests at a prefix key, and the edits gc makes (dropping dead manifests with their prefix
+//! keys, dropping object rows). Callers never see key bytes.
+
+use std::collections::HashSet;
+
+use heed::{RoTxn, RwTxn};
+
+use super::codec::{NamespaceRange, PrefixRange};
+use super::{HeedExt, Index, IndexError, NameRecord};
+use crate::id::ObjectId;
+
+/// A `names` row: (namespace, name, record).
+pub type NameRow = (String, String, NameRecord);
+
+impl Index {
+    /// Name rows of one namespace, or of all, in (namespace, name) order.
+    pub fn names_in(&self, r: &RoTxn<'_>, namespace: Option<&str>) -> Result<Vec<NameRow>, IndexError> {
+        let mut out = Vec::new();
+        match namespace {
+            Some(ns) => {
+                for kv in self.names.remap_key_type::<NamespaceRange>().prefix_iter(r, ns).ix(self)? {
+                    let ((ns, name), rec) = kv.ix(self)?;
+                    out.push((ns.to_string(), name.to_string(), rec));
+                }
+            }
+            None => {
+                for kv in self.names.iter(r).ix(self)? {
+                    let ((ns, name), rec) = kv.ix(self)?;
+                    out.push((ns.to_string(), name.to_string(), rec));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Manifests recorded under prefix key `h` (states whose token prefix hashes to it).
+    pub fn manifests_at_prefix(&self, r: &RoTxn<'_>, h: &[u8; 32]) -> Result<Vec<ObjectId>, IndexError> {
+        let mut out = Vec::new();
+        for kv in self.prefixes.remap_key_type::<PrefixRange>().prefix_iter(r, h).ix(self)? {
+            let ((_, manifest), _) = kv.ix(self)?;
+            out.push(manifest);
+        }
+        Ok(out)
+    }
+
+    /// Every manifest id with a row.
+    pub fn manifest_ids(&self, r: &RoTxn<'_>) -> Result<Vec<ObjectId>, IndexError> {
+        self.manifests.iter(r).ix(self)?.map(|kv| kv.map(|(id, _)| id).ix(self)).collect()
+    }
+
+    /// Every object id with a row.
+    pub fn object_ids(&self, r: &RoTxn<'_>) -> Result<Vec<ObjectId>, IndexError> {
+        self.objects.iter(r).ix(self)?.map(|kv| kv.map(|(id, _)| id).ix(self)).collect()
+    }
+
+    /// Drop the rows of these manifests and every prefix key that points at one of them.
+    pub fn drop_manifests(&self, w: &mut RwTxn<'_>, dead: &HashSet<ObjectId>) -> Result<(), IndexError> {
+        let mut keys = Vec::new();
+        for kv in self.prefixes.iter(w).ix(self)? {
+            let (k, _) = kv.ix(self)?;
+            if dead.contains(&k.1) {
+                keys.push(k);
+            }
+        }
+        for k in &keys {
+            self.prefixes.delete(w, k).ix(self)?;
+        }
+        for id in dead {
+            self.manifests.delete(w, id).ix(self)?;
+        }
+        Ok(())
+    }
+
+    /// Drop these objects' rows (the files are gone).
+    pub fn drop_object_rows(&self, w: &mut RwTxn<'_>, ids: &[ObjectId]) -> Result<(), IndexError> {
+        for id in ids {
+            self.objects.delete(w, id).ix(self)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! The seam between the object store and where object files live: the `Backend` trait (a local directory
+//! today, `local.rs`; S3 next, `s3.rs`) and `ObjectError`, the errors any backend reports.
+//!
+//! Contract for every backend: a put is atomic (readers see all of an object or nothing) and durable when it
+//! returns; objects are never rewritten in place; `touch` refreshes the time gc's grace period is measured
+//! from; `quarantine` moves a corrupt object aside so that the next put of the same content rewrites it.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use crate::id::ObjectId;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error("object {id}: {reason} (moved to objects/.quarantine; saving the same state again repairs it); run `kvstore verify` to see which names are affected")]
+    Corrupt { id: ObjectId, reason: String },
+    #[error("object {id} is missing; run `kvstore verify`")]
+    Missing { id: ObjectId },
+    #[error("no space left writing {}: free disk space or run `kvstore gc`; nothing was committed", path.display())]
+    Full { path: PathBuf, source: io::Error },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("object {id}: compression failed: {source}")]
+    Compress { id: ObjectId, source: io::Error },
+}
+
+impl ObjectError {
+    /// Wrap an I/O error with its path; ENOSPC/EDQUOT become `Full`.
+    pub fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let path = path.into();
+        if is_disk_full(&source) {
+            ObjectError::Full { path, source }
+        } else {
+            ObjectError::Io { path, source }
+        }
+    }
+}
+
+pub fn is_disk_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(c) if c == libc::ENOSPC || c == libc::EDQUOT)
+        || matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded)
+}
+
+/// Where object files live. Local directory now; an S3 backend can implement the same trait later.
+pub trait Backend: Send + Sync {
+    /// Store the encoded bytes of `id` atomically (readers see all of it or nothing).
+    fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError>;
+    /// Store many objects atomically each; all are durable when this returns Ok. `make(i)` encodes object i
+    /// (it may run on any thread); one whose encoding is None is already present and skipped.
+    #[allow(clippy::type_complexity)]
+    fn put_files(
+        &self,
+        ids: &[ObjectId],
+        make: &(dyn Fn(usize) -> Result<Option<Vec<u8>>, ObjectError> + Sync),
+    ) -> Result<Vec<Option<u64>>, ObjectError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            out.push(match make(i)? {
+                Some(enc) => {
+                    self.put_file(id, &enc)?;
+                    Some(enc.len() as u64)
+                }
+                None => None,
+            });
+        }
+        Ok(out)
+    }
+    /// The encoded bytes, or None if the object does not exist.
+    fn get(&self, id: &ObjectId) -> Result<Option<Vec<u8>>, ObjectError>;
+    /// `get` into `buf` (replacing its contents, reusing its allocation); false if the object does not exist.
+    fn get_into(&self, id: &ObjectId, buf: &mut Vec<u8>) -> Result<bool, ObjectError> {
+        match self.get(id)? {
+            Some(b) => {
+                *buf = b;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+    fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError>;
+    /// Every object id present (in no particular order).
+    fn list(&self) -> Result<Vec<ObjectId>, ObjectError>;
+    /// Remove an object; returns the bytes freed (0 if it was already gone).
+    fn delete(&self, id: &ObjectId) -> Result<u64, ObjectError>;
+    /// Modification time and stored length, None if absent.
+    fn mtime(&self, id: &ObjectId) -> Result<Option<(SystemTime, u64)>, ObjectError>;
+    /// Set the modification time to now if the object exists; returns its stored length.
+    fn touch(&self, id: &ObjectId) -> Result<Option<u64>, ObjectError>;
+    /// Leftover temporary files older than `grace` (an interrupted put's).
+    fn stale_temp(&self, grace: Duration) -> Result<usize, ObjectError>;
+    /// Remove leftover temporary files older than `grace`; returns how many.
+    fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError>;
+    /// Move a corrupt object aside (kept for inspection), so that the next put of the same content rewrites it.
+    fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError>;
+}

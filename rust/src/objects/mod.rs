@@ -1,0 +1,242 @@
+//! Content-addressed objects: `ObjectStore` puts bytes under their `ObjectId` (blake3 of the uncompressed
+//! bytes) and reads them back verified. Knows nothing of llama.cpp or LMDB.
+//!
+//! Contract (docs/design.md "Objects"): an object is written once, atomically and durably, never rewritten;
+//! a put of present content only refreshes its mtime (gc's grace period protects it); every read re-hashes,
+//! and a corrupt object is moved aside (quarantine) so that saving the same state again repairs it.
+//!
+//! Files: `backend.rs` the `Backend` trait (the seam for S3) and `ObjectError`; `local.rs` the local
+//! directory; `codec.rs` + `planes.rs` the KVOB encoding; `atomic.rs` atomic file writes.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+
+pub mod atomic;
+mod backend;
+pub mod codec;
+mod local;
+mod planes;
+
+pub use backend::{is_disk_full, Backend, ObjectError};
+pub use codec::{decode, encode};
+pub use local::LocalDir;
+
+use crate::id::ObjectId;
+
+/// Prefix of temporary files beside objects (removed by gc once older than the grace period).
+pub const TEMP_PREFIX: &str = ".tmp-";
+
+/// What `put` did.
+#[derive(Debug, Clone, Copy)]
+pub struct Put {
+    pub id: ObjectId,
+    /// Bytes the object occupies in the backend (header + frames).
+    pub stored_len: u64,
+    /// False when the object was already present (its mtime was refreshed instead).
+    pub was_new: bool,
+}
+
+/// A verified object read.
+#[derive(Debug)]
+pub struct Got {
+    pub bytes: Vec<u8>,
+    pub stored_len: u64,
+}
+
+pub struct ObjectStore {
+    backend: Box<dyn Backend>,
+}
+
+impl ObjectStore {
+    pub fn new(backend: Box<dyn Backend>) -> Self {
+        ObjectStore { backend }
+    }
+    pub fn local(root: impl Into<PathBuf>) -> Result<Self, ObjectError> {
+        Ok(Self::new(Box::new(LocalDir::new(root)?)))
+    }
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    /// Store `bytes` unless already present (then only refresh its mtime, which protects it from a concurrent
+    /// gc's grace check). `elem_size > 1` splits into byte planes, each its own zstd frame.
+    pub fn put(&self, bytes: &[u8], elem_size: u8, level: i32) -> Result<Put, ObjectError> {
+        let id = ObjectId::of(bytes);
+        self.put_with_id(id, bytes, elem_size, level)
+    }
+
+    /// `put` when the caller already hashed the bytes.
+    pub fn put_with_id(&self, id: ObjectId, bytes: &[u8], elem_size: u8, level: i32) -> Result<Put, ObjectError> {
+        if let Some(stored_len) = self.backend.touch(&id)? {
+            return Ok(Put { id, stored_len, was_new: false });
+        }
+        let encoded = encode(bytes, elem_size, level).map_err(|source| ObjectError::Compress { id, source })?;
+        self.backend.put_file(&id, &encoded)?;
+        Ok(Put { id, stored_len: encoded.len() as u64, was_new: true })
+    }
+
+    /// `put_with_id` for many objects at once (distinct ids, each `(id, raw bytes, elem_size)`): present ones
+    /// only get their mtime refreshed; new ones are encoded and written in parallel, and all are durable
+    /// when this returns. Results are in input order.
+    pub fn put_many(&self, items: &[(ObjectId, &[u8], u8)], level: i32) -> Result<Vec<Put>, ObjectError> {
+        let ids: Vec<ObjectId> = items.iter().map(|x| x.0).collect();
+        let existing: Vec<std::sync::Mutex<Option<u64>>> = (0..items.len()).map(|_| Default::default()).collect();
+        let make = |i: usize| -> Result<Option<Vec<u8>>, ObjectError> {
+            let (id, bytes, elem) = items[i];
+            if let Some(stored_len) = self.backend.touch(&id)? {
+                *existing[i].lock().unwrap() = Some(stored_len);
+                return Ok(None);
+            }
+            encode(bytes, elem, level).map(Some).map_err(|source| ObjectError::Compress { id, source })
+        };
+        let written = self.backend.put_files(&ids, &make)?;
+        Ok(written
+            .into_iter()
+            .zip(existing)
+            .zip(ids)
+            .map(|((w, e), id)| match w {
+                Some(stored_len) => Put { id, stored_len, was_new: true },
+                None => Put { id, stored_len: e.into_inner().unwrap().unwrap_or(0), was_new: false },
+            })
+            .collect())
+    }
+
+    /// Read, decode and re-hash. `Missing` if absent, `Corrupt` on any mismatch.
+    pub fn get(&self, id: &ObjectId) -> Result<Got, ObjectError> {
+        // The encoded bytes go to a per-thread buffer, reused from object to object (no fresh pages per read).
+        let (checked, stored_len) = READ_BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if !self.backend.get_into(id, &mut buf)? {
+                return Err(ObjectError::Missing { id: *id });
+            }
+            let checked = match decode(&buf) {
+                Ok(bytes) if ObjectId::of(&bytes) == *id => Ok(bytes),
+                Ok(_) => Err("hash mismatch".to_string()),
+                Err(reason) => Err(reason),
+            };
+            Ok((checked, buf.len() as u64))
+        })?;
+        match checked {
+            Ok(bytes) => Ok(Got { bytes, stored_len }),
+            Err(reason) => {
+                // Content addressing would otherwise keep reusing the bad file: a re-ingest of the same bytes
+                // finds the id present and skips the write. Moving it aside lets the next put repair it.
+                self.backend.quarantine(id)?;
+                Err(ObjectError::Corrupt { id: *id, reason })
+            }
+        }
+    }
+
+    pub fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
+        self.backend.exists(id)
+    }
+}
+
+thread_local! {
+    /// Encoded bytes of the object being read, reused from read to read on each thread.
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::testutil::{sample, TempDir};
+
+    #[test]
+    fn round_trip_with_and_without_planes() {
+        let d = TempDir::new("obj");
+        let s = ObjectStore::local(&d.0).unwrap();
+        for (n, elem) in [(0usize, 1u8), (1, 2), (1000, 1), (1001, 2), (4096, 2), (4099, 4), (3, 4)] {
+            let raw = sample(n);
+            let put = s.put(&raw, elem, 1).unwrap();
+            assert!(put.was_new || n == 0 || put.id == ObjectId::of(&raw));
+            let got = s.get(&put.id).unwrap();
+            assert_eq!(got.bytes, raw, "n={n} elem={elem}");
+            assert_eq!(got.stored_len, put.stored_len);
+            let again = s.put(&raw, elem, 1).unwrap();
+            assert!(!again.was_new);
+            assert_eq!(again.stored_len, put.stored_len);
+        }
+    }
+
+
+    #[test]
+    fn corrupt_and_missing_objects_are_detected() {
+        let d = TempDir::new("corrupt");
+        let s = ObjectStore::local(&d.0).unwrap();
+        let raw = sample(5000);
+        let put = s.put(&raw, 2, 1).unwrap();
+        let local = LocalDir::new(&d.0).unwrap();
+        let p = local.path_of(&put.id);
+        // A valid object of other content under this id: hash mismatch.
+        fs::write(&p, encode(b"something else", 1, 1).unwrap()).unwrap();
+        let e = s.get(&put.id).unwrap_err();
+        assert!(matches!(e, ObjectError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("hash mismatch") && e.to_string().contains(&put.id.short()), "{e}");
+        // Truncated and garbage files.
+        let good = encode(&raw, 2, 1).unwrap();
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, &good[..good.len() - 3]).unwrap();
+        assert!(matches!(s.get(&put.id), Err(ObjectError::Corrupt { .. })));
+        fs::write(&p, b"KVOB\x01\x00\x01\x00\xff\xff\xff\xff\xff\xff\xff\x7f").unwrap();
+        assert!(matches!(s.get(&put.id), Err(ObjectError::Corrupt { .. })));
+        // Each corrupt read moved the file aside, so the id is now missing and the next put repairs it.
+        assert!(!p.exists());
+        assert_eq!(fs::read_dir(d.0.join(".quarantine")).unwrap().count(), 3);
+        assert!(matches!(s.get(&put.id), Err(ObjectError::Missing { .. })));
+        assert!(s.put(&raw, 2, 1).unwrap().was_new);
+        assert_eq!(s.get(&put.id).unwrap().bytes, raw);
+    }
+
+    #[test]
+    fn failed_put_leaves_no_temp_file() {
+        let d = TempDir::new("atomic");
+        let s = ObjectStore::local(&d.0).unwrap();
+        let raw = sample(300);
+        let id = ObjectId::of(&raw);
+        let local = LocalDir::new(&d.0).unwrap();
+        let target = local.path_of(&id);
+        // A directory where the object file should go makes the rename fail.
+        fs::create_dir_all(target.join("blocker")).unwrap();
+        assert!(s.put(&raw, 1, 1).is_err());
+        let leftovers: Vec<_> = fs::read_dir(target.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(TEMP_PREFIX))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn put_many_batches_and_cleans_up() {
+        let d = TempDir::new("many");
+        let s = ObjectStore::local(&d.0).unwrap();
+        let raws: Vec<Vec<u8>> = (0..20).map(|k| sample(1000 + 37 * k)).collect();
+        let pre = s.put(&raws[3], 2, 1).unwrap();
+        let items: Vec<(ObjectId, &[u8], u8)> =
+            raws.iter().enumerate().map(|(k, r)| (ObjectId::of(r), r.as_slice(), (k % 3 + 1) as u8)).collect();
+        let puts = s.put_many(&items, 1).unwrap();
+        for (k, (p, r)) in puts.iter().zip(&raws).enumerate() {
+            assert_eq!(p.id, ObjectId::of(r));
+            assert_eq!(p.was_new, k != 3);
+            assert_eq!(s.get(&p.id).unwrap().bytes, *r);
+            assert_eq!(s.get(&p.id).unwrap().stored_len, p.stored_len);
+        }
+        assert_eq!(puts[3].stored_len, pre.stored_len);
+        assert!(s.put_many(&items, 1).unwrap().iter().all(|p| !p.was_new));
+
+        // A failing rename (a directory where one object goes) fails the batch and leaves no temp file.
+        let d2 = TempDir::new("many-fail");
+        let s2 = ObjectStore::local(&d2.0).unwrap();
+        let local = LocalDir::new(&d2.0).unwrap();
+        fs::create_dir_all(local.path_of(&items[5].0).join("blocker")).unwrap();
+        assert!(s2.put_many(&items, 1).is_err());
+        for shard in local.shards().unwrap() {
+            for e in fs::read_dir(shard).unwrap() {
+                assert!(!e.unwrap().file_name().to_string_lossy().starts_with(TEMP_PREFIX));
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! The `Store` class: arguments copied into owned values, then every call releases the GIL (`py.detach`)
+//! while it works; results are plain dicts and lists.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use super::convert::{self, dict};
+use crate::error::Error;
+use crate::store::{Store, Target, DEFAULT_BLOCK_SIZE};
+
+/// A content-addressed, deduplicating store of slot states. Thread-safe: share one across threads.
+#[pyclass(frozen, name = "Store", module = "kvstore._core")]
+pub(super) struct PyStore {
+    inner: Arc<Store>,
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (path, *, block_size = DEFAULT_BLOCK_SIZE, level = 1, map_size_mib = 65536))]
+    fn new(py: Python<'_>, path: PathBuf, block_size: u32, level: i32, map_size_mib: u64) -> PyResult<Self> {
+        let map_size = usize::try_from(map_size_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        let inner = py.detach(|| Store::open(&path, block_size, level, map_size))?;
+        Ok(PyStore { inner: Arc::new(inner) })
+    }
+
+    #[getter]
+    fn path(&self) -> String {
+        self.inner.path().to_string_lossy().into_owned()
+    }
+
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Store({:?}, block_size={})", self.inner.path().display().to_string(), self.inner.block_size())
+    }
+
+    #[pyo3(signature = (name, path, *, namespace = String::new(), fingerprint = None, parent = None, remove_file = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn ingest<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        path: PathBuf,
+        namespace: String,
+        fingerprint: Option<Bound<'py, PyAny>>,
+        parent: Option<String>,
+        remove_file: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fp = convert::fingerprint(fingerprint.as_ref(), "fingerprint")?;
+        let s = &self.inner;
+        let r = py.detach(|| -> Result<_, Error> {
+            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let r = s.ingest(&name, &namespace, &bytes, &fp, parent.as_deref())?;
+            if remove_file {
+                let _ = std::fs::remove_file(&path);
+            }
+            Ok(r)
+        })?;
+        dict(py, &r)
+    }
+
+    #[pyo3(signature = (name, data, *, namespace = String::new(), fingerprint = None, parent = None))]
+    fn ingest_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        data: &[u8],
+        namespace: String,
+        fingerprint: Option<Bound<'py, PyAny>>,
+        parent: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fp = convert::fingerprint(fingerprint.as_ref(), "fingerprint")?;
+        let s = &self.inner;
+        let r = py.detach(|| s.ingest(&name, &namespace, data, &fp, parent.as_deref()))?;
+        dict(py, &r)
+    }
+
+    #[pyo3(signature = (name, out_path, *, namespace = String::new(), expect = None, n_stream = None, durable = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn materialize<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        out_path: PathBuf,
+        namespace: String,
+        expect: Option<Bound<'py, PyAny>>,
+        n_stream: Option<u32>,
+        durable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.materialize_target(py, Target::Name { namespace: &namespace, name: &name }, &out_path, expect, n_stream, durable)
+    }
+
+    /// The first `n_tokens` of a stored state (by `name`, or by `manifest_id` when name is None) as a slot file
+    /// llama-server resumes at exactly n_tokens (store/prefix.rs).
+    #[pyo3(signature = (name, n_tokens, out_path, *, namespace = String::new(), manifest_id = None, expect = None,
+                        n_stream = None, fill_masked = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn materialize_prefix<'py>(
+        &self,
+        py: Python<'py>,
+        name: Option<String>,
+        n_tokens: u32,
+        out_path: PathBuf,
+        namespace: String,
+        manifest_id: Option<String>,
+        expect: Option<Bound<'py, PyAny>>,
+        n_stream: Option<u32>,
+        fill_masked: u32,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let expect = expect.map(|e| convert::fingerprint(Some(&e), "expect")).transpose()?;
+        let target = match (&name, &manifest_id) {
+            (Some(n), None) => Target::Name { namespace: &namespace, name: n },
+            (None, Some(m)) => Target::Manifest(m),
+            _ => return Err(pyo3::exceptions::PyTypeError::new_err("pass exactly one of name and manifest_id")),
+        };
+        let s = &self.inner;
+        let opts = crate::store::PrefixOptions { n_stream, fill_masked };
+        let r = py.detach(|| s.materialize_prefix(&target, &namespace, n_tokens, &out_path, expect.as_ref(), opts))?;
+        dict(py, &r)
+    }
+
+    #[pyo3(signature = (manifest_id, out_path, *, expect = None, n_stream = None, durable = false))]
+    fn materialize_manifest<'py>(
+        &self,
+        py: Python<'py>,
+        manifest_id: String,
+        out_path: PathBuf,
+        expect: Option<Bound<'py, PyAny>>,
+        n_stream: Option<u32>,
+        durable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.materialize_target(py, Target::Manifest(&manifest_id), &out_path, expect, n_stream, durable)
+    }
+
+    #[pyo3(signature = (tokens, *, namespace = String::new(), fingerprint = None))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: Vec<i32>,
+        namespace: String,
+        fingerprint: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let fp = convert::fingerprint(fingerprint.as_ref(), "fingerprint")?;
+        let s = &self.inner;
+        let r = py.detach(|| s.lookup(&tokens, &namespace, &fp))?;
+        r.map(|h| dict(py, &h)).transpose()
+    }
+
+    #[pyo3(signature = (name, *, namespace = String::new()))]
+    fn get<'py>(&self, py: Python<'py>, name: String, namespace: String) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let s = &self.inner;
+        let r = py.detach(|| s.get(&name, &namespace))?;
+        r.map(|i| dict(py, &i)).transpose()
+    }
+
+    #[pyo3(signature = (name, *, namespace = String::new()))]
+    fn tokens(&self, py: Python<'_>, name: String, namespace: String) -> PyResult<Vec<i32>> {
+        let s = &self.inner;
+        Ok(py.detach(|| s.tokens(&name, &namespace))?)
+    }
+
+    #[pyo3(signature = (*, namespace = None))]
+    fn list<'py>(&self, py: Python<'py>, namespace: Option<String>) -> PyResult<Bound<'py, PyAny>> {
+        let s = &self.inner;
+        let r = py.detach(|| s.list(namespace.as_deref()))?;
+        dict(py, &r)
+    }
+
+    #[pyo3(signature = (name, *, namespace = String::new()))]
+    fn remove(&self, py: Python<'_>, name: String, namespace: String) -> PyResult<bool> {
+        let s = &self.inner;
+        Ok(py.detach(|| s.remove(&name, &namespace))?)
+    }
+
+    #[pyo3(signature = (name, *, namespace = String::new()))]
+    fn touch(&self, py: Python<'_>, name: String, namespace: String) -> PyResult<()> {
+        let s = &self.inner;
+        Ok(py.detach(|| s.touch(&name, &namespace))?)
+    }
+
+    #[pyo3(signature = (*, grace_seconds = 3600.0, dry_run = false))]
+    fn gc<'py>(&self, py: Python<'py>, grace_seconds: f64, dry_run: bool) -> PyResult<Bound<'py, PyAny>> {
+        let grace = Duration::try_from_secs_f64(grace_seconds.max(0.0)).unwrap_or(Duration::MAX);
+        let s = &self.inner;
+        let r = py.detach(|| crate::gc::gc(s, grace, dry_run))?;
+        dict(py, &r)
+    }
+
+    #[pyo3(signature = (*, progress = None))]
+    fn verify<'py>(&self, py: Python<'py>, progress: Option<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        let s = &self.inner;
+        let mut cb_err: Option<PyErr> = None;
+        let r = py.detach(|| {
+            s.verify(&mut |done, total| {
+                let Some(cb) = &progress else { return Ok(()) };
+                Python::attach(|py| cb.call1(py, (done, total)).map(|_| ())).map_err(|e| {
+                    let msg = e.to_string();
+                    cb_err = Some(e);
+                    Error::Callback(msg)
+                })
+            })
+        });
+        if let Some(e) = cb_err {
+            return Err(e);
+        }
+        dict(py, &r?)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = &self.inner;
+        let r = py.detach(|| s.stats())?;
+        dict(py, &r)
+    }
+}
+
+impl PyStore {
+    /// `materialize` and `materialize_manifest`: check `expect`, then write the target without the GIL.
+    fn materialize_target<'py>(
+        &self,
+        py: Python<'py>,
+        target: Target<'_>,
+        out_path: &Path,
+        expect: Option<Bound<'py, PyAny>>,
+        n_stream: Option<u32>,
+        durable: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let expect = expect.map(|e| convert::fingerprint(Some(&e), "expect")).transpose()?;
+        let s = &self.inner;
+        let r = py.detach(|| s.materialize(&target, out_path, expect.as_ref(), n_stream, durable))?;
+        dict(py, &r)
+    }
+}

@@ -1,0 +1,223 @@
+//! Ingest: a slot file (or an already decomposed one) → objects, then one index transaction.
+//!
+//! Contract: validates name and namespace; refuses a file whose layout differs from a `layout` the caller
+//! knows (empty slots excepted); writes skeleton, distinct blocks and manifest in one durable batch under the
+//! shared lock, then commits manifest, name, prefix and object rows in one LMDB transaction. A parent is
+//! lineage only: an unknown one is recorded as none.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::Store;
+use crate::error::Result;
+use crate::format::{self, Decomposed};
+use crate::id::{hex, ObjectId};
+use crate::index::{validate_name, HeedExt, NameRecord, ObjectRow};
+use crate::manifest::{
+    fingerprint_id, layout_is_empty, now_f64, now_secs, Fingerprint, Manifest, ManifestError, LAYOUT,
+    MANIFEST_VERSION,
+};
+use crate::objects::Put;
+use crate::prefix::prefix_chain;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestReport {
+    pub name: String,
+    pub namespace: String,
+    pub manifest_id: String,
+    pub n_tokens: u64,
+    pub file_bytes: u64,
+    /// Block references in the state (repeats counted).
+    pub blocks: usize,
+    /// Objects (blocks, skeleton, manifest) written by this ingest.
+    pub new_objects: usize,
+    /// Uncompressed bytes of the new objects.
+    pub new_raw_bytes: u64,
+    /// On-disk bytes of the new objects.
+    pub new_stored_bytes: u64,
+    /// Uncompressed bytes of this state's distinct objects that were already stored.
+    pub reused_bytes: u64,
+    pub parent_manifest: Option<String>,
+    /// The file is an empty slot (`layout_is_empty`): its layout says nothing about the server.
+    pub empty: bool,
+    pub elapsed_s: f64,
+}
+
+impl Store {
+    /// Store a slot file under (namespace, name), replacing the previous state of that name.
+    pub fn ingest(
+        &self,
+        name: &str,
+        namespace: &str,
+        file: &[u8],
+        fingerprint: &Fingerprint,
+        parent: Option<&str>,
+    ) -> Result<IngestReport> {
+        let t0 = Instant::now();
+        validate_name(name, "name")?;
+        validate_name(namespace, "namespace")?;
+        let (d, file_hash) = rayon::join(|| format::decompose(file, self.block_size), || blake3::hash(file));
+        self.ingest_decomposed(name, namespace, file.len() as u64, *file_hash.as_bytes(), d?, fingerprint, parent, t0)
+    }
+
+    /// Ingest an already decomposed file (`file_bytes`/`file_hash` describe the original).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ingest_decomposed(
+        &self,
+        name: &str,
+        namespace: &str,
+        file_bytes: u64,
+        file_hash: [u8; 32],
+        d: Decomposed,
+        fingerprint: &Fingerprint,
+        parent: Option<&str>,
+        t0: Instant,
+    ) -> Result<IngestReport> {
+        validate_name(name, "name")?;
+        validate_name(namespace, "namespace")?;
+        let ix = &*self.index;
+        let parent_manifest = match parent {
+            Some(p) => self.resolve_parent(namespace, p)?,
+            None => None,
+        };
+
+        // A `layout` the caller knows for its server (learned from an earlier save) must match the file's: a file
+        // cut at a section boundary, or saved by another cache configuration, parses but would never restore.
+        // Empty slots carry no layers, so they have nothing to compare. The layout itself lives in the manifest.
+        let mut fingerprint = fingerprint.clone();
+        if let Some(want) = fingerprint.remove(LAYOUT) {
+            if want != d.layout && !layout_is_empty(&d.layout) {
+                return Err(ManifestError::FingerprintMismatch {
+                    state: name.into(),
+                    key: LAYOUT.into(),
+                    stored: d.layout.clone(),
+                    server: want,
+                }
+                .into());
+            }
+        }
+        let fingerprint = &fingerprint;
+
+        // Hash every block (parallel), keep the first occurrence of each distinct one.
+        let ids: Vec<ObjectId> = d.blocks.par_iter().map(|b| ObjectId::of(&b.bytes)).collect();
+        let mut seen = HashSet::with_capacity(ids.len());
+        let distinct: Vec<usize> = (0..ids.len()).filter(|&i| seen.insert(ids[i])).collect();
+
+        let skeleton_id = ObjectId::of(&d.skeleton);
+        let fid = fingerprint_id(fingerprint);
+        let manifest = Manifest {
+            version: MANIFEST_VERSION,
+            fingerprint: fingerprint.clone(),
+            fingerprint_id: hex(&fid),
+            layout: d.layout.clone(),
+            n_tokens: d.tokens.len() as u64,
+            tokens: d.tokens.clone(),
+            file_bytes,
+            file_hash: hex(&file_hash),
+            skeleton: skeleton_id,
+            blocks: ids.clone(),
+            block_size: self.block_size,
+            parent: parent_manifest,
+            created: now_secs(),
+            n_stream: d.n_stream,
+        };
+        let json = manifest.to_json();
+        let mid = ObjectId::of(&json);
+
+        // Skeleton, distinct blocks and manifest in one batch: encoded in parallel, all durable (files and
+        // their directories fsynced) before the index commit below.
+        let mut items: Vec<(ObjectId, &[u8], u8)> = Vec::with_capacity(distinct.len() + 2);
+        items.push((skeleton_id, &d.skeleton, 1));
+        items.extend(distinct.iter().map(|&i| (ids[i], d.blocks[i].bytes.as_slice(), d.blocks[i].elem_size)));
+        items.push((mid, &json, 1));
+        // Ids are distinct unless the skeleton or the manifest equals a block (only by hash collision).
+        let mut seen_items = HashSet::with_capacity(items.len());
+        items.retain(|x| seen_items.insert(x.0));
+        let _lock = self.lock_shared()?;
+        let puts: HashMap<ObjectId, Put> =
+            self.objects.put_many(&items, self.level)?.into_iter().map(|p| (p.id, p)).collect();
+        let skeleton_put = puts[&skeleton_id];
+        let block_puts: Vec<Put> = distinct.iter().map(|&i| puts[&ids[i]]).collect();
+        let manifest_put = puts[&mid];
+
+        // Accounting over this state's distinct objects.
+        let mut rows: Vec<(ObjectId, ObjectRow, bool)> = Vec::with_capacity(block_puts.len() + 2);
+        rows.push((skeleton_put.id, row(d.skeleton.len(), &skeleton_put), skeleton_put.was_new));
+        for (&i, p) in distinct.iter().zip(&block_puts) {
+            rows.push((p.id, row(d.blocks[i].bytes.len(), p), p.was_new));
+        }
+        rows.push((mid, row(json.len(), &manifest_put), manifest_put.was_new));
+        let mut seen_rows = HashSet::new();
+        rows.retain(|r| seen_rows.insert(r.0));
+        let (mut new_objects, mut new_raw, mut new_stored, mut reused) = (0usize, 0u64, 0u64, 0u64);
+        for (_, r, was_new) in &rows {
+            if *was_new {
+                new_objects += 1;
+                new_raw += r.raw_len;
+                new_stored += r.stored_len;
+            } else {
+                reused += r.raw_len;
+            }
+        }
+
+        // One transaction: manifest, name, prefix and object rows.
+        let chain = prefix_chain(namespace, &fid, &d.tokens, self.block_size);
+        let now = now_f64();
+        let mut w = ix.write_txn()?;
+        ix.manifests.put(&mut w, &mid, &json).ix(ix)?;
+        ix.names
+            .put(&mut w, &(namespace, name), &NameRecord { manifest: mid, created: now, last_used: now })
+            .ix(ix)?;
+        for (k, h) in chain.iter().enumerate() {
+            let covered = ((k as u64 + 1) * self.block_size as u64).min(u32::MAX as u64) as u32;
+            ix.prefixes.put(&mut w, &(*h, mid), &covered).ix(ix)?;
+        }
+        for (id, r, _) in &rows {
+            ix.objects.put(&mut w, id, r).ix(ix)?;
+        }
+        w.commit().ix(ix)?;
+        drop(_lock);
+
+        Ok(IngestReport {
+            name: name.into(),
+            namespace: namespace.into(),
+            manifest_id: mid.hex(),
+            n_tokens: manifest.n_tokens,
+            file_bytes,
+            blocks: ids.len(),
+            new_objects,
+            new_raw_bytes: new_raw,
+            new_stored_bytes: new_stored,
+            reused_bytes: reused,
+            parent_manifest: manifest.parent.map(|p| p.hex()),
+            empty: layout_is_empty(&manifest.layout),
+            elapsed_s: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// A parent given as a name in the same namespace, or as a stored manifest id (hex). Unknown parents are
+    /// recorded as none: the state itself is complete, the parent is only lineage.
+    fn resolve_parent(&self, namespace: &str, parent: &str) -> Result<Option<ObjectId>> {
+        let ix = &*self.index;
+        let r = ix.read_txn()?;
+        if validate_name(parent, "name").is_ok() {
+            if let Some(rec) = ix.names.get(&r, &(namespace, parent)).ix(ix)? {
+                return Ok(Some(rec.manifest));
+            }
+        }
+        if let Ok(id) = parent.parse::<ObjectId>() {
+            if ix.manifests.get(&r, &id).ix(ix)?.is_some() {
+                return Ok(Some(id));
+            }
+        }
+        validate_name(parent, "name")?;
+        Ok(None)
+    }
+}
+
+fn row(raw_len: usize, p: &Put) -> ObjectRow {
+    ObjectRow { raw_len: raw_len as u64, stored_len: p.stored_len }
+}

@@ -1,0 +1,125 @@
+//! Lookup: the live state with the longest common token prefix (at least one block) with a query.
+//!
+//! Contract: only states of the same namespace and fingerprint id match (the prefix-key chain includes both);
+//! the deepest prefix key with a live manifest gives the candidates; the longest common prefix, then the
+//! newest, wins. Names removed since are skipped.
+
+use std::collections::HashMap;
+
+use heed::RoTxn;
+use serde::Serialize;
+
+use super::Store;
+use crate::error::{Error, Result};
+use crate::id::ObjectId;
+use crate::index::validate_name;
+use crate::manifest::{fingerprint_id, Fingerprint};
+use crate::prefix::{common_prefix, prefix_chain};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LookupHit {
+    pub manifest_id: String,
+    pub name: String,
+    pub n_tokens: u64,
+    pub n_common: u64,
+}
+
+impl Store {
+    /// Names of one namespace by manifest id (most recently used name per manifest).
+    pub(super) fn live_names(&self, r: &RoTxn<'_>, namespace: &str) -> Result<HashMap<ObjectId, (String, f64)>> {
+        let mut out: HashMap<ObjectId, (String, f64)> = HashMap::new();
+        for (_, name, rec) in self.index.names_in(r, Some(namespace))? {
+            let e = out.entry(rec.manifest).or_insert_with(|| (name.clone(), f64::MIN));
+            if rec.last_used > e.1 {
+                *e = (name, rec.last_used);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The live state with the longest common token prefix (at least one block) with `tokens`.
+    pub fn lookup(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint) -> Result<Option<LookupHit>> {
+        validate_name(namespace, "namespace")?;
+        let chain = prefix_chain(namespace, &fingerprint_id(fingerprint), tokens, self.block_size);
+        if chain.is_empty() {
+            return Ok(None);
+        }
+        let ix = &*self.index;
+        let r = ix.read_txn()?;
+        let live = self.live_names(&r, namespace)?;
+        if live.is_empty() {
+            return Ok(None);
+        }
+        let mut candidates: Vec<ObjectId> = Vec::new();
+        for h in chain.iter().rev() {
+            candidates.extend(ix.manifests_at_prefix(&r, h)?.into_iter().filter(|id| live.contains_key(id)));
+            if !candidates.is_empty() {
+                break;
+            }
+        }
+        let mut best: Option<(u64, u64, ObjectId, u64)> = None; // (lcp, created, id, n_tokens)
+        for id in candidates {
+            let m = match self.read_manifest(&r, id) {
+                Ok(m) => m,
+                Err(Error::ManifestNotFound { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let lcp = common_prefix(tokens, &m.tokens) as u64;
+            let key = (lcp, m.created, id, m.n_tokens);
+            if best.as_ref().is_none_or(|b| (key.0, key.1) > (b.0, b.1)) {
+                best = Some(key);
+            }
+        }
+        Ok(best.map(|(lcp, _, id, n_tokens)| LookupHit {
+            manifest_id: id.hex(),
+            name: live[&id].0.clone(),
+            n_tokens,
+            n_common: lcp,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testutil::{fp, open, put_synthetic, TempDir};
+    #[test]
+    fn lookup_finds_longest_live_prefix() {
+        let d = TempDir::new("lookup");
+        let s = open(&d, 16);
+        let f = fp(&[("model", "m1"), ("n_ctx_slot", "4096")]);
+        let base: Vec<i32> = (0..64).collect();
+        let mut long = base.clone();
+        long.extend(500..540);
+        put_synthetic(&s, "short", "", &base, &f);
+        let lr = put_synthetic(&s, "long", "", &long, &f);
+
+        // n_ctx_slot does not take part in the fingerprint id.
+        let q_f = fp(&[("model", "m1")]);
+        let mut q = long[..90].to_vec();
+        q.extend([7, 7, 7]);
+        let hit = s.lookup(&q, "", &q_f).unwrap().unwrap();
+        assert_eq!(hit.name, "long");
+        assert_eq!(hit.manifest_id, lr.manifest_id);
+        assert_eq!(hit.n_common, 90);
+        assert_eq!(hit.n_tokens, 104);
+
+        // Another fingerprint or namespace: miss. Shorter than a block: miss.
+        assert!(s.lookup(&q, "", &fp(&[("model", "m2")])).unwrap().is_none());
+        assert!(s.lookup(&q, "tenant", &q_f).unwrap().is_none());
+        assert!(s.lookup(&q[..10], "", &q_f).unwrap().is_none());
+
+        // Query diverging inside block 4: deepest hit is block 4 for both; LCP decides, "long" wins at 70.
+        let mut q2 = base.clone();
+        q2.extend(500..506);
+        q2.extend([9; 20]);
+        let hit = s.lookup(&q2, "", &q_f).unwrap().unwrap();
+        assert_eq!((hit.name.as_str(), hit.n_common), ("long", 70));
+
+        // Removed names are skipped: falls back to the shorter live state.
+        s.remove("long", "").unwrap();
+        let hit = s.lookup(&q, "", &q_f).unwrap().unwrap();
+        assert_eq!((hit.name.as_str(), hit.n_common), ("short", 64));
+        s.remove("short", "").unwrap();
+        assert!(s.lookup(&q, "", &q_f).unwrap().is_none());
+    }
+}

@@ -1,0 +1,71 @@
+"""The exception hierarchy is the core's (kvstore._core), re-exported by kvstore.errors, and each exception
+carries its context as attributes; the empty-slot rule and the default block size come from the core too."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import kvstore
+import kvstore.errors
+from kvstore import _core
+
+
+def test_one_hierarchy_defined_by_the_core():
+    for name in ["KvStoreError", "FormatError", "CorruptObject", "FingerprintMismatch", "NameNotFound",
+                 "InvalidName", "StoreFull"]:
+        cls = getattr(_core, name)
+        assert getattr(kvstore.errors, name) is cls and getattr(kvstore, name) is cls
+        assert cls.__module__ == "kvstore._core"
+    assert issubclass(kvstore.NameNotFound, KeyError) and issubclass(kvstore.InvalidName, ValueError)
+    assert issubclass(kvstore.StoreFull, OSError) and issubclass(kvstore.ServerError, kvstore.KvStoreError)
+
+
+def test_name_errors_carry_name_and_namespace(store, tmp_path):
+    with pytest.raises(kvstore.NameNotFound) as e:
+        store.materialize("nope", str(tmp_path / "o.bin"), namespace="tenant")
+    assert (e.value.name, e.value.namespace) == ("nope", "tenant")
+    assert str(e.value).startswith("no state named 'nope' in namespace 'tenant'")
+    with pytest.raises(kvstore.InvalidName) as e:
+        store.get("a/b")
+    assert (e.value.what, e.value.value) == ("name", "a/b")
+    with pytest.raises(kvstore.InvalidName) as e:
+        store.get("x", namespace="..")
+    assert (e.value.what, e.value.value) == ("namespace", "..")
+
+
+def test_fingerprint_mismatch_carries_key_and_both_values(store, state_files, tmp_path):
+    r = store.ingest("s", str(state_files["smollm2_fa_on"]), fingerprint={"model": "m", "flash_attn": "on"})
+    with pytest.raises(kvstore.FingerprintMismatch) as e:
+        store.materialize("s", str(tmp_path / "o.bin"), expect={"flash_attn": "off"})
+    assert (e.value.name, e.value.key, e.value.stored, e.value.server) == ("s", "flash_attn", "on", "off")
+    with pytest.raises(kvstore.FingerprintMismatch) as e:
+        store.materialize("s", str(tmp_path / "o.bin"), expect={"n_ctx_slot": "1"})
+    assert (e.value.key, e.value.stored, e.value.server) == ("n_ctx_slot", str(r["n_tokens"]), "1")
+    assert "raise the context" in str(e.value)
+    # Attributes a variant does not know are None, never missing.
+    assert kvstore.FingerprintMismatch("x").key is None
+
+
+def test_corrupt_object_carries_its_id(store, state_files, tmp_path):
+    store.ingest("a", str(state_files["smollm2_fa_on"]))
+    victim = max((p for p in Path(store.path, "objects").glob("??/*") if p.is_file()), key=lambda p: p.stat().st_size)
+    victim.chmod(0o644)
+    data = bytearray(victim.read_bytes())
+    data[-10] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(kvstore.CorruptObject) as e:
+        store.materialize("a", str(tmp_path / "o.bin"))
+    assert e.value.object_id == victim.name
+    assert victim.name[:8] in str(e.value) and "kvstore verify" in str(e.value)
+
+
+def test_empty_slot_rule_and_block_size_come_from_the_core(tmp_path, state_files):
+    store = kvstore.open_store(tmp_path / "s")
+    assert store.block_size == _core.DEFAULT_BLOCK_SIZE
+    empty = store.ingest("e", str(state_files["smollm2_empty"]))
+    full = store.ingest("f", str(state_files["smollm2_fa_on"]))
+    assert empty["empty"] and not full["empty"]
+    for name, want in [("e", True), ("f", False)]:
+        info = store.get(name)
+        assert info["empty"] is want and _core.layout_is_empty(info["layout"]) is want

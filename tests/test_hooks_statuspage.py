@@ -1,0 +1,43 @@
+"""GET /kvstore/ on a real `kvstore serve` (the hooks in front of a real llama-server), read by headless Chromium."""
+from __future__ import annotations
+
+import pytest
+
+from hooks_support import complete, engine, get, hooks, stack
+from test_statuspage import browser, console_errors, screenshot  # noqa: F401  (fixture)
+
+ARTICLE = "The lighthouse keeper kept a log of every ship that passed the rocky point. " * 6
+
+
+def test_status_page_of_a_running_server(tmp_path, browser):  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    store = tmp_path / "store"
+    with stack(engine("smollm2", store, parallel=1)) as (srv,):
+        with stack(hooks(srv.url, store)) as (hk,):
+            assert complete(hk.url, ARTICLE, name="article").kind == "miss"
+            complete(hk.url, ARTICLE + " Q: who kept the log?", name="q1", parent="article")
+            r = complete(hk.url, ARTICLE + " Q: what did he log?", name="q2", parent="article")  # evicts q1
+            assert r.kind == "parent" and int(r.headers["X-KV-Restored-Tokens"]) > 0
+            r = complete(hk.url, ARTICLE + " Q: who kept the log? A:", name="q1")  # evicts q2, restores q1
+            assert r.kind == "restored"
+            page = get(hk.url, "/kvstore/")
+            assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+            frag = get(hk.url, "/kvstore/?fragment=1").body.decode()
+            assert "<html" not in frag and 'id="slots"' in frag
+            browser.get(hk.url + "/kvstore/")
+            slot = browser.find_element(By.CSS_SELECTOR, 'tr[data-slot="0"]')
+            assert slot.find_element(By.CSS_SELECTOR, ".name").text == "q1"
+            kinds = {}
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#savings table:not(.narrow) tbody tr"):
+                cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                kinds[cells[0]] = cells
+            assert kinds["restored"][2] == "1" and int(kinds["restored"][5].replace(",", "")) > 0, kinds
+            assert kinds["parent"][2] == "2" and kinds["miss"][2] == "1", kinds
+            root = browser.find_element(By.CSS_SELECTOR, "ul.tree > li")
+            assert root.find_element(By.CSS_SELECTOR, ":scope > .node").get_attribute("data-name") == "article"
+            kids = root.find_elements(By.CSS_SELECTOR, ":scope > ul > li > .node")
+            assert sorted(k.get_attribute("data-name") for k in kids) == ["q1", "q2"]
+            assert browser.find_elements(By.CSS_SELECTOR, "#savings svg.chart")
+            assert console_errors(browser) == []
+            screenshot(browser, tmp_path / "serve.png")
