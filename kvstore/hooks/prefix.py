@@ -1,10 +1,9 @@
 """Prefix states for sliding-window models (docs/design.md "Prefix states", docs/hooks.md).
 
 On an SWA model (Gemma 2/3, ...) a restored state helps only if llama-server finds a context checkpoint at or
-before the point where the prompt leaves it; otherwise it re-evaluates the whole prompt, and even a prompt that
-extends the state rolls back a few tokens. So the hooks never restore an SWA state whole: among the request's
+before the point where the prompt leaves it; otherwise it re-evaluates the whole prompt. So among the request's
 own name, its parent and the longest stored prefix (any state of the namespace), the state sharing the most
-tokens with the prompt is cut at that common prefix P (`Store.materialize_prefix`), with a checkpoint at P,
+tokens with the prompt is cut at that common prefix P when the prompt leaves it before its end (`Store.materialize_prefix`), with a checkpoint at P,
 and llama-server evaluates only the tokens after P. A cut that cannot be emitted (window rows not stored) is
 never handed to llama-server; the caller then serves the request as before and counts it.
 """
@@ -44,8 +43,7 @@ def best(candidates: Sequence[Candidate], min_tokens: int) -> Optional[Candidate
 
 
 def cut_point(c: Candidate) -> int:
-    """P: where the chosen state is cut. Never beyond the state; a prompt that extends it is cut at its end, so
-    the server resumes there with its checkpoint instead of rolling back to one of its own."""
+    """P: where the chosen state is cut (never beyond the state)."""
     return min(c.n_common, c.n_tokens)
 
 
@@ -90,7 +88,10 @@ async def restore_cut(broker: Any, lease: Any, naming: Any, tokens: Optional[Seq
     if hint is None:
         hint = await broker.lookup(naming.namespace, tokens)
     c = await choose(broker.store, naming.namespace, naming.name, naming.parent, tokens, hint, broker.block_size)
-    if c is None or c.n_common <= lease.lcp:
+    if c is None or c.n_common <= lease.lcp or c.n_common >= c.n_tokens:
+        # A prompt that extends the whole state restores it whole, as before: llama-server then rolls back to
+        # its own last checkpoint (~5 tokens) exactly as if the state had kept its slot, so a returning user's
+        # reply is token for token the one it would have had (tests/test_hooks_users.py).
         return None
     r = await broker.transfer.restore_cut(lease, naming.namespace, cut_point(c),
                                           name=c.name if c.kind != "prefix" else None, manifest_id=c.manifest_id)
