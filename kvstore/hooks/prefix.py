@@ -96,6 +96,15 @@ async def choose(store: Any, namespace: str, name: Optional[str], parent: Option
     return best(cands, min_tokens)
 
 
+def in_place(lease: Any) -> int:
+    """The tokens llama-server keeps of a slot reused in place, on an SWA model: all `lcp` only when the prompt
+    extends the slot's whole prompt (it then rolls back at most to its checkpoint near the end). A prompt that
+    leaves it earlier (the next question on the same article) makes llama-server roll back to a checkpoint
+    before the fork or re-evaluate everything, so a cut of the stored state (saved when the slot was relabelled)
+    is worth more (bench W2 article-major without parents, README)."""
+    return lease.lcp if lease.lcp >= len(lease.slot.tokens) else 0
+
+
 async def restore_cut(broker: Any, lease: Any, naming: Any, tokens: Optional[Sequence[int]], hint: Optional[dict]
                       ) -> Optional[tuple[str, int]]:
     """Restore the best stored state cut at its common prefix with the prompt into the leased slot (`broker`: the
@@ -106,7 +115,7 @@ async def restore_cut(broker: Any, lease: Any, naming: Any, tokens: Optional[Seq
     if hint is None:
         hint = await broker.lookup(naming.namespace, tokens)
     c = await choose(broker.store, naming.namespace, naming.name, naming.parent, tokens, hint, broker.block_size)
-    if c is None or c.n_common <= lease.lcp or c.n_common >= c.n_tokens:
+    if c is None or c.n_common <= in_place(lease) or c.n_common >= c.n_tokens:
         # A prompt that extends the whole state restores it whole, as before: llama-server then rolls back to
         # its own last checkpoint (~5 tokens) exactly as if the state had kept its slot, so a returning user's
         # reply is token for token the one it would have had (tests/test_hooks_users.py).
