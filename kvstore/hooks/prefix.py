@@ -49,9 +49,10 @@ def best(candidates: Sequence[Candidate], min_tokens: int) -> Optional[Candidate
     return max(usable, key=lambda c: (c.n_common, -KINDS.index(c.kind)))
 
 
-def cut_point(c: Candidate) -> int:
-    """P: where the chosen state is cut (never beyond the state)."""
-    return min(c.n_common, c.n_tokens)
+def cut_point(c: Candidate, n_prompt: int) -> int:
+    """P: where the chosen state is cut (never beyond the state, and short of the prompt's end: llama-server
+    evaluates at least the prompt's last token, so a cut at the prompt's end would need a checkpoint before it)."""
+    return min(c.n_common, c.n_tokens, n_prompt - 1)
 
 
 def swa_cells(n_swa: int, n_ubatch: int, n_ctx_slot: int, kv_unified: bool, swa_full: bool, n_seq: int) -> int:
@@ -115,12 +116,16 @@ async def restore_cut(broker: Any, lease: Any, naming: Any, tokens: Optional[Seq
     if hint is None:
         hint = await broker.lookup(naming.namespace, tokens)
     c = await choose(broker.store, naming.namespace, naming.name, naming.parent, tokens, hint, broker.block_size)
-    if c is None or c.n_common <= in_place(lease) or c.n_common >= c.n_tokens:
-        # A prompt that extends the whole state restores it whole, as before: llama-server then rolls back to
-        # its own last checkpoint (~5 tokens) exactly as if the state had kept its slot, so a returning user's
-        # reply is token for token the one it would have had (tests/test_hooks_users.py).
+    if c is None or c.n_common <= in_place(lease) or (c.n_common >= c.n_tokens and c.kind == "restored"):
+        # A prompt that extends the whole of its own state restores it whole, as before: llama-server then rolls
+        # back to its own last checkpoint (~5 tokens) exactly as if the state had kept its slot, so a returning
+        # user's reply is token for token the one it would have had (tests/test_hooks_users.py). A parent or
+        # another stored state is cut at its end instead: a checkpoint at P, so nothing is evaluated twice.
         return None
-    r = await broker.transfer.restore_cut(lease, naming.namespace, cut_point(c),
+    p = cut_point(c, len(tokens))
+    if p <= in_place(lease):
+        return None
+    r = await broker.transfer.restore_cut(lease, naming.namespace, p,
                                           name=c.name if c.kind != "prefix" else None, manifest_id=c.manifest_id)
     if r is None:
         return None
