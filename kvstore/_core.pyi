@@ -6,8 +6,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence, final
 
 __all__ = [
     "KvStoreError", "FormatError", "CorruptObject", "FingerprintMismatch", "NameNotFound", "InvalidName",
-    "StoreFull", "RemoteUnavailable", "GcLocked", "__version__", "DEFAULT_BLOCK_SIZE", "Store", "validate_name", "hash_file", "inspect_state",
-    "layout_is_empty",
+    "StoreFull", "RemoteUnavailable", "GcLocked", "__version__", "DEFAULT_BLOCK_SIZE", "Store", "validate_name",
+    "hash_file", "inspect_state", "layout_is_empty", "cut_state",
 ]
 
 __version__: str
@@ -71,6 +71,15 @@ def hash_file(path: str) -> str:
     """blake3 hex digest of a file's content."""
 def inspect_state(path: str) -> dict[str, Any]:
     """Parse a slot file: {file_bytes, n_tokens, tokens, layout, n_stream, n_checkpoints, blocks}; raises FormatError."""
+def cut_state(path: str, n_tokens: int, n_swa: int, out_path: str, *, extras: Sequence[str] = ...,
+              n_stream: Optional[int] = None, fill_masked: int = 0) -> dict[str, Any]:
+    """Write the first `n_tokens` of the slot file `path` as a slot file that llama-server resumes at exactly
+    n_tokens (non-SWA rows [0, P), SWA rows of the window before P, a context checkpoint at P; docs/design.md
+    "Prefix states"). `n_swa`: the model's sliding window (0 without SWA layers). SWA rows may also come from
+    the slot files `extras` when their tokens and non-SWA rows agree. Returns {n_tokens, window: [start, end],
+    origins: [[state, checkpoint|None, start, end], ...], file_bytes}, or {missing: [[start, end], ...]} and
+    writes nothing when no source holds those rows. `fill_masked`: the server's SWA cache cells per slot, to keep
+    a fresh evaluation's cell layout (0 = off). Raises FormatError for a bad file or n_tokens."""
 def layout_is_empty(layout: str) -> bool:
     """Whether a layout is an empty slot's (it carries no layers, so it matches any server: never compare or
     learn it)."""
@@ -113,6 +122,16 @@ class Store:
                     n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]:
         """Write the named state as a slot file (temp + rename). Byte-exact unless n_stream differs.
         Returns {manifest_id, n_tokens, file_bytes, objects_read, read_raw_bytes, read_stored_bytes, elapsed_s}."""
+    def materialize_prefix(self, name: Optional[str], n_tokens: int, out_path: str, *, namespace: str = ...,
+                           manifest_id: Optional[str] = None, expect: Optional[Mapping[str, str]] = None,
+                           n_stream: Optional[int] = None, fill_masked: int = 0) -> dict[str, Any]:
+        """The first n_tokens of a stored state (`name`, or `manifest_id` with name None) as a slot file that
+        llama-server resumes at exactly n_tokens: non-SWA rows [0, P), the SWA window before P, a context
+        checkpoint at P (docs/design.md "Prefix states"). Window rows the state lacks are taken from other live
+        states of the namespace with the same fingerprint and identical rows. `fill_masked`: the server's SWA
+        cache cells per slot, to keep a fresh evaluation's cell layout (0 = off). Returns {manifest_id, n_tokens,
+        file_bytes, window, origins: [[manifest_id, checkpoint|None, start, end]], objects_read, elapsed_s}, or
+        {manifest_id, n_tokens, missing: [[start, end]], reason} and writes nothing when it cannot be emitted."""
     def materialize_manifest(self, manifest_id: str, out_path: str, *, expect: Optional[Mapping[str, str]] = None,
                              n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]: ...
     def lookup(self, tokens: Sequence[int], *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None

@@ -59,6 +59,9 @@ class EngineConfig:
     ubatch_size: int = 512  # -ub
     threads: int = 0  # -t (0 = llama.cpp default)
     ctx_checkpoints: int = 32  # --ctx-checkpoints
+    # --checkpoint-min-step: 0 = a checkpoint at every user message of a chat, so a cut at an earlier turn finds
+    # its window rows (measured: docs/design.md "Checkpoints llama-server makes"); llama-server's default 8192
+    checkpoint_min_step: int = 0
     api_key: Optional[str] = None  # --api-key: then only /health and /v1/models answer without it
     extra: dict = field(default_factory=dict)  # other CommonParams attributes, set verbatim
 
@@ -88,6 +91,7 @@ class EmbeddedServer:
         p.swa_full = cfg.swa_full
         p.kv_unified = cfg.kv_unified
         p.n_ctx_checkpoints = cfg.ctx_checkpoints
+        p.checkpoint_min_step = cfg.checkpoint_min_step
         if cfg.api_key:
             p.api_keys = [cfg.api_key]
         p.flash_attn_type = getattr(x.llama_flash_attn_type, _FA[cfg.flash_attn])

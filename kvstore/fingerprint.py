@@ -41,12 +41,21 @@ def server_fingerprint(props: Mapping[str, Any], models: Optional[Mapping[str, A
                        n_ctx_slot: Optional[int] = None) -> dict[str, str]:
     """Fingerprint of a llama-server from its `/props` (and optionally `/v1/models`) replies.
 
-    Keys: `model` (identity), `n_ctx_slot` (a fit limit, not identity). `n_stream` is deliberately absent:
-    states are re-emitted for the target server's slot count.
+    Keys: `model` (identity), `n_ctx_slot` (a fit limit, not identity), and `n_swa` (the model's sliding
+    window, only for SWA models whose GGUF is readable here: a prefix state of such a model is cut with it;
+    without the key no prefix of an SWA state is cut). `n_stream` is deliberately absent: states are re-emitted
+    for the target server's slot count.
     """
     path = props.get("model_path") or ""
+    n_swa = 0
     if path and os.path.isfile(path):
         model = model_file_hash(path)
+        try:
+            from kvstore.gguf import sliding_window
+
+            n_swa = sliding_window(path)
+        except (OSError, ValueError):
+            n_swa = 0
     else:
         # External server on another machine: bind to what it says about the model.
         meta = {}
@@ -57,6 +66,8 @@ def server_fingerprint(props: Mapping[str, Any], models: Optional[Mapping[str, A
         desc = repr((os.path.basename(path), props.get("model_ftype"), sorted(meta.items())))
         model = "meta:" + hashlib.sha256(desc.encode()).hexdigest()
     fp = {"model": model}
+    if n_swa:
+        fp["n_swa"] = str(n_swa)
     if n_ctx_slot is None:
         n_ctx_slot = (props.get("default_generation_settings") or {}).get("n_ctx")
     if n_ctx_slot:

@@ -109,8 +109,8 @@ def tokenize(base: str, text: str) -> list[int]:
     return r.json["tokens"]
 
 
-def metric(base: str, name: str, labels: str = "") -> float:
-    text = get(base, "/metrics").body.decode()
+def metric(base: str, name: str, labels: str = "", headers: Optional[dict] = None) -> float:
+    text = get(base, "/metrics", headers).body.decode()
     for line in text.splitlines():
         if line.startswith(name + labels + " "):
             return float(line.split()[-1])

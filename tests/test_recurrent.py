@@ -235,6 +235,11 @@ def test_round_trip_byte_exact_and_states_dedup(recorded, tmp_path):
     assert store.get("gen-again")["layout"] == store.get("gen")["layout"]
     # slot 0 and slot 1 computed the same tokens the same way: the slot-1 file adds no state bytes
     assert store.tokens("np2_slot1") == store.tokens("gen")
+    # a prefix state of a recurrent or hybrid state is never emitted (design.md "Recurrent and hybrid models")
+    cut = tmp_path / "gen.cut"
+    r = store.materialize_prefix("gen", len(store.tokens("gen")) // 2, str(cut))
+    assert r["missing"] == [] and "recurrent" in r["reason"], r
+    assert not cut.exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -55,6 +55,9 @@ class HooksConfig:
     tenancy: Tenancy = field(default_factory=Tenancy)  # API keys -> namespaces; none: single-tenant
     upstream_api_key: Optional[str] = None  # llama-server's own --api-key (the embedded server's is random)
     embedded: bool = False  # the upstream is kvstore serve's own (its prompt cache is off when keys are set)
+    # SWA models: the server's SWA cache cells per slot (hooks/prefix.py swa_cells), so a cut keeps a fresh
+    # evaluation's cell layout; 0 when unknown (an external llama-server): the cut carries the window alone.
+    swa_cells: int = 0
 
 
 class Hooks:
@@ -153,7 +156,8 @@ class Hooks:
         self.n_slots = int(props.get("total_slots") or 1)
         fp = await asyncio.to_thread(server_fingerprint, props, models)
         fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
-        self.transfer = Transfer(self.up, self.store, self.sync, self.metrics, n_slots=self.n_slots, fingerprint=fp)
+        self.transfer = Transfer(self.up, self.store, self.sync, self.metrics, n_slots=self.n_slots, fingerprint=fp,
+                                 swa_cells=self.cfg.swa_cells)
         self.table = SlotTable(self.n_slots, save=self.transfer.save, max_queue=self.cfg.max_queue,
                                erase=lambda s: self.up.slot_action(s.id, "erase"))
         self.broker = Broker(self.up, self.store, self.transfer, self.table, self.metrics)

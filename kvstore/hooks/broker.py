@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Optional
 
+from . import prefix as pf
 from .auth import Caller
 from .errors import BadRequest, Forbidden, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply
 from .metrics import Metrics
@@ -127,6 +128,11 @@ class Broker:
             return "parent", 0
         ns, slot = naming.namespace, lease.slot
         try:
+            if pf.applies(self.transfer.fingerprint, self.transfer.layout):  # SWA: cut at the common prefix
+                with contextlib.suppress(NotStored):
+                    cut = await pf.restore_cut(self, lease, naming, await tokens_fn(), hint)
+                    if cut is not None:
+                        return cut
             if naming.name:
                 with contextlib.suppress(NotStored):
                     r = await self.transfer.restore(lease, ns, name=naming.name)

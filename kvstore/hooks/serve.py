@@ -19,6 +19,7 @@ from typing import Optional
 from aiohttp import web
 
 from .app import HOOKS, HooksConfig, build_app
+from .prefix import engine_swa_cells
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -154,7 +155,8 @@ def run(args) -> int:
         cfg = HooksConfig(upstream=upstream, store=Path(args.store), name_from_user=args.name_from_user,
                           idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra,
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
-                          tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None)
+                          tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,
+                          swa_cells=engine_swa_cells(engine))
         asyncio.run(_serve(cfg, args.host, args.port))
     except KeyboardInterrupt:
         pass

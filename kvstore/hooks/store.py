@@ -41,6 +41,16 @@ class AsyncStore:
         return await asyncio.to_thread(self.core.materialize_manifest, manifest_id, path, expect=expect,
                                        n_stream=n_stream)
 
+    async def materialize_prefix(self, name: Optional[str], n_tokens: int, path: str, *, namespace: str,
+                                 manifest_id: Optional[str], expect: Mapping[str, str], n_stream: int,
+                                 fill_masked: int) -> dict:
+        return await asyncio.to_thread(self.core.materialize_prefix, name, n_tokens, path, namespace=namespace,
+                                       manifest_id=manifest_id, expect=expect, n_stream=n_stream,
+                                       fill_masked=fill_masked)
+
+    async def tokens(self, name: str, *, namespace: str) -> list[int]:
+        return await asyncio.to_thread(self.core.tokens, name, namespace=namespace)
+
     async def lookup(self, tokens: Sequence[int], *, namespace: str, fingerprint: Mapping[str, str]
                      ) -> Optional[dict]:
         return await asyncio.to_thread(self.core.lookup, tokens, namespace=namespace, fingerprint=fingerprint)

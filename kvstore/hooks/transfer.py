@@ -35,10 +35,11 @@ def layout_is_empty(layout: str) -> bool:
 
 class Transfer:
     def __init__(self, up: Any, store: AsyncStore, sync: SyncDir, metrics: Metrics, *, n_slots: int,
-                 fingerprint: dict[str, str]):
+                 fingerprint: dict[str, str], swa_cells: int = 0):
         self.up, self.store, self.sync, self.metrics = up, store, sync, metrics
         self.n_slots = n_slots
         self.fingerprint = fingerprint
+        self.swa_cells = swa_cells  # hooks/prefix.py swa_cells: keep a fresh evaluation's cell layout in a cut
         self.layout: Optional[str] = None
 
     def expect(self) -> dict[str, str]:
@@ -90,14 +91,33 @@ class Transfer:
                       manifest_id: Optional[str] = None) -> dict:
         """Materialize a stored state and restore it into the leased slot (shielded from cancellation).
         Returns llama-server's reply plus `kvstore` (the materialize report)."""
-        return await lease.shielded(self._restore(lease, namespace, name, manifest_id))
+        r = await lease.shielded(self._restore(lease, namespace, name, manifest_id))
+        assert r is not None  # only a cut can be unavailable
+        return r
 
-    async def _restore(self, lease: Lease, namespace: str, name: Optional[str], manifest_id: Optional[str]) -> dict:
+    async def restore_cut(self, lease: Lease, namespace: str, n_tokens: int, *, name: Optional[str] = None,
+                          manifest_id: Optional[str] = None) -> Optional[dict]:
+        """Restore the first `n_tokens` of a stored state (hooks/prefix.py). None, with the slot untouched, when the
+        cut cannot be emitted (counted as prefix_unavailable); else as `restore`."""
+        return await lease.shielded(self._restore(lease, namespace, name, manifest_id, n_tokens))
+
+    async def _restore(self, lease: Lease, namespace: str, name: Optional[str], manifest_id: Optional[str],
+                       cut: Optional[int] = None) -> Optional[dict]:
         what = name or manifest_id
         t0 = time.perf_counter()
         with self.sync.temp() as (fn, path):
             try:
-                if name is not None:
+                if cut is not None:
+                    info = await self.store.materialize_prefix(name, cut, str(path), namespace=namespace,
+                                                               manifest_id=None if name else manifest_id,
+                                                               expect=self.expect(), n_stream=self.n_slots,
+                                                               fill_masked=self.swa_cells)
+                    if "missing" in info:  # never handed to llama-server
+                        log.info("slot %d: no cut of %s at %d: %s %s", lease.slot.id, what, cut, info.get("reason"),
+                                 info.get("missing"))
+                        self.metrics.inc("prefix_unavailable")
+                        return None
+                elif name is not None:
                     info = await self.store.materialize(name, str(path), namespace=namespace, expect=self.expect(),
                                                         n_stream=self.n_slots)
                 else:

@@ -1,5 +1,5 @@
 //! Reading a slot file from disk: the one rule for every path that does (`Store.ingest` from a path, so the
-//! CLI's `ingest` and `sync` and the hooks; `inspect_state`; `hash_file`).
+//! CLI's `ingest` and `sync` and the hooks; `inspect_state`; `hash_file`; `cut_state` and its extras).
 //!
 //! CONTRACT: only a regular file is read (a symlink to one is fine). The path is stat'ed before it is opened,
 //! and opened with O_NONBLOCK, so a FIFO or device put in its place after the stat cannot block the open;

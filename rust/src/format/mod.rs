@@ -8,8 +8,11 @@
 //! Modules: `reader` (bounds-checked cursor), `model` (the parsed structure), `parse` (file -> structure),
 //! `plan` (cells -> blocks by position), `emit` (rows between file and block layout), `recurrent` (the
 //! recurrent section, documented there), `skeleton` (the
-//! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there).
+//! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there),
+//! `rows` (row access to a decomposed state), `checkpoint` (sections from chosen rows, the cut checkpoint),
+//! `prefix` (a slot file for the first P tokens of a state).
 
+mod checkpoint;
 mod emit;
 mod ggml;
 mod head;
@@ -17,9 +20,13 @@ mod layout;
 mod model;
 mod parse;
 mod plan;
+mod prefix;
 mod reader;
 mod recurrent;
+mod rows;
 mod skeleton;
+#[cfg(test)]
+mod prefix_tests;
 #[cfg(test)]
 mod recurrent_tests;
 #[cfg(test)]
@@ -27,6 +34,7 @@ mod tests;
 
 pub use head::{check_head, HEAD_LEN};
 use model::{SlotFile, Unit};
+pub use prefix::{emit_prefix, Prefix, PrefixSpec, RowOrigin, StateRef};
 use plan::UnitPlan;
 
 /// First bytes of every skeleton (`b"KVSK"`), followed by a u32 skeleton version.

@@ -145,3 +145,16 @@ fn hybrid_and_recurrent_files_round_trip() {
         assert!(decompose(&bad, 32).is_err());
     }
 }
+
+#[test]
+fn recurrent_states_are_never_cut() {
+    // docs/design.md "Recurrent and hybrid models": no part of the recurrent state is the state after P tokens.
+    use super::{decompose, emit_prefix, PrefixSpec, StateRef};
+    for hybrid in [true, false] {
+        let d = decompose(&whole_file(40, hybrid, 7), 32).unwrap();
+        let blocks: Vec<&[u8]> = d.blocks.iter().map(|b| b.bytes.as_slice()).collect();
+        let spec = PrefixSpec { n_tokens: 20, n_swa: 16, n_stream: None, fill_masked: 0 };
+        let err = emit_prefix(StateRef { skeleton: &d.skeleton, blocks: &blocks }, &[], &spec).unwrap_err();
+        assert!(err.to_string().contains("recurrent"), "{err}");
+    }
+}

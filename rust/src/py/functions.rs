@@ -1,4 +1,5 @@
-//! Module-level functions: name checks, file hashing, parsing a slot file, the empty-layout rule.
+//! Module-level functions: name checks, file hashing, parsing a slot file, the empty-layout rule, cutting a
+//! slot file's prefix.
 
 use std::path::PathBuf;
 
@@ -67,4 +68,62 @@ pub(super) fn inspect_state<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bou
 #[pyfunction]
 pub(super) fn layout_is_empty(layout: &str) -> bool {
     crate::manifest::layout_is_empty(layout)
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Cut {
+    File { n_tokens: u32, window: (i32, i32), origins: Vec<(usize, Option<usize>, i32, i32)>, file_bytes: usize },
+    Missing { missing: Vec<(i32, i32)> },
+}
+
+/// The first `n_tokens` of the slot file at `path` as a slot file written to `out_path` (format/prefix.rs);
+/// SWA rows may also come from the slot files `extras`. Returns `{"n_tokens", "window", "origins",
+/// "file_bytes"}`, or `{"missing": [[start, end], ...]}` (nothing written) when no file holds those rows.
+#[pyfunction]
+#[pyo3(signature = (path, n_tokens, n_swa, out_path, *, extras = Vec::new(), n_stream = None, fill_masked = 0))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn cut_state<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    n_tokens: u32,
+    n_swa: u32,
+    out_path: PathBuf,
+    extras: Vec<PathBuf>,
+    n_stream: Option<u32>,
+    fill_masked: u32,
+) -> PyResult<Bound<'py, PyAny>> {
+    let r = py.detach(|| -> Result<Cut, Error> {
+        let read = |p: &PathBuf| -> Result<_, Error> {
+            let bytes = crate::slot_file::read_slot_file(p)?;
+            Ok(crate::format::decompose(&bytes, DEFAULT_BLOCK_SIZE)?)
+        };
+        let base = read(&path)?;
+        let others = extras.iter().map(read).collect::<Result<Vec<_>, _>>()?;
+        fn blocks(d: &crate::format::Decomposed) -> Vec<&[u8]> {
+            d.blocks.iter().map(|b| b.bytes.as_slice()).collect()
+        }
+        let bb = blocks(&base);
+        let ob: Vec<Vec<&[u8]>> = others.iter().map(blocks).collect();
+        let refs: Vec<_> =
+            others.iter().zip(&ob).map(|(d, b)| crate::format::StateRef { skeleton: &d.skeleton, blocks: b }).collect();
+        let spec = crate::format::PrefixSpec { n_tokens, n_swa, n_stream, fill_masked };
+        match crate::format::emit_prefix(crate::format::StateRef { skeleton: &base.skeleton, blocks: &bb }, &refs, &spec)? {
+            crate::format::Prefix::Missing { missing } => {
+                Ok(Cut::Missing { missing: missing.into_iter().map(|r| (r.start, r.end)).collect() })
+            }
+            crate::format::Prefix::File { bytes, window, origins } => {
+                // The one writer of materialized files: a reader of out_path never sees half a file.
+                let temp = format!(".{}.tmp", crate::objects::atomic::random_suffix());
+                crate::objects::atomic::atomic_write(&out_path, &temp, &bytes, false, || Ok::<(), Error>(()))?;
+                Ok(Cut::File {
+                    n_tokens,
+                    window: (window.start, window.end),
+                    origins: origins.into_iter().map(|o| (o.state, o.checkpoint, o.positions.start, o.positions.end)).collect(),
+                    file_bytes: bytes.len(),
+                })
+            }
+        }
+    })?;
+    dict(py, &r)
 }

@@ -27,5 +27,6 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::hash_file, m)?)?;
     m.add_function(wrap_pyfunction!(functions::inspect_state, m)?)?;
     m.add_function(wrap_pyfunction!(functions::layout_is_empty, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cut_state, m)?)?;
     Ok(())
 }

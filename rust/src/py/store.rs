@@ -136,6 +136,35 @@ impl PyStore {
         self.materialize_target(py, Target::Name { namespace: &namespace, name: &name }, &out_path, expect, n_stream, durable)
     }
 
+    /// The first `n_tokens` of a stored state (by `name`, or by `manifest_id` when name is None) as a slot file
+    /// llama-server resumes at exactly n_tokens (store/prefix.rs).
+    #[pyo3(signature = (name, n_tokens, out_path, *, namespace = String::new(), manifest_id = None, expect = None,
+                        n_stream = None, fill_masked = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn materialize_prefix<'py>(
+        &self,
+        py: Python<'py>,
+        name: Option<String>,
+        n_tokens: u32,
+        out_path: PathBuf,
+        namespace: String,
+        manifest_id: Option<String>,
+        expect: Option<Bound<'py, PyAny>>,
+        n_stream: Option<u32>,
+        fill_masked: u32,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let expect = expect.map(|e| convert::fingerprint(Some(&e), "expect")).transpose()?;
+        let target = match (&name, &manifest_id) {
+            (Some(n), None) => Target::Name { namespace: &namespace, name: n },
+            (None, Some(m)) => Target::Manifest(m),
+            _ => return Err(pyo3::exceptions::PyTypeError::new_err("pass exactly one of name and manifest_id")),
+        };
+        let s = &self.inner;
+        let opts = crate::store::PrefixOptions { n_stream, fill_masked };
+        let r = py.detach(|| s.materialize_prefix(&target, &namespace, n_tokens, &out_path, expect.as_ref(), opts))?;
+        dict(py, &r)
+    }
+
     #[pyo3(signature = (manifest_id, out_path, *, expect = None, n_stream = None, durable = false))]
     fn materialize_manifest<'py>(
         &self,

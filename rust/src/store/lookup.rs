@@ -27,7 +27,7 @@ pub struct LookupHit {
 
 impl Store {
     /// Names of one namespace by manifest id (most recently used name per manifest).
-    fn live_names(&self, r: &RoTxn<'_>, namespace: &str) -> Result<HashMap<ObjectId, (String, f64)>> {
+    pub(super) fn live_names(&self, r: &RoTxn<'_>, namespace: &str) -> Result<HashMap<ObjectId, (String, f64)>> {
         let mut out: HashMap<ObjectId, (String, f64)> = HashMap::new();
         for (_, name, rec) in self.index.names_in(r, Some(namespace))? {
             let e = out.entry(rec.manifest).or_insert_with(|| (name.clone(), f64::MIN));

@@ -5,6 +5,7 @@
 //! | `ingest.rs` | a slot file → objects + one index commit |
 //! | `materialize.rs` | load, rebuild, materialize (objects → a byte-exact slot file) |
 //! | `lookup.rs` | longest stored token prefix |
+//! | `prefix.rs` | a stored state cut at any P (SWA window rows lent by related states) |
 //! | `catalog.rs` | get, tokens, list, remove, touch |
 //! | `stats.rs` | sizes and ratios |
 //! | `verify.rs` | re-hash every object, name the states hit |
@@ -35,6 +36,7 @@ mod catalog;
 mod ingest;
 mod lookup;
 mod materialize;
+mod prefix;
 mod stats;
 mod verify;
 
@@ -42,6 +44,7 @@ pub use catalog::StateInfo;
 pub use ingest::IngestReport;
 pub use lookup::LookupHit;
 pub use materialize::{Loaded, MaterializeReport};
+pub use prefix::{PrefixOptions, PrefixReport};
 pub use stats::Stats;
 pub use verify::{VerifyReport, Where};
 

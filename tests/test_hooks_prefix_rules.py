@@ -1,0 +1,39 @@
+"""The SWA cut's decisions in kvstore/hooks/prefix.py, as plain logic (the real-server paths are in
+test_hooks_swa_prefix.py, test_hooks_articles.py and test_prefix_resume.py)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvstore.hooks.prefix import Candidate, applies, best, cut_point, in_place
+
+
+def test_applies_only_to_attention_only_swa_layouts():
+    assert applies({"n_swa": "512"}, None)  # layout not learned yet: the store refuses a recurrent state itself
+    assert applies({"n_swa": "512"}, "kv[18:f16/1024,f16/1024*18;vt0;rot0,0;ext0]+kv[6:f16/1024,f16/1024*6;vt0;rot0,0;ext0]")
+    assert not applies({}, None)
+    assert not applies({"n_swa": "0"}, None)
+    assert not applies({"n_swa": "512"}, "kv[2:f16/512,f16/512*2;vt0;rot0,0;ext0]+rec[4:f32/512*2;f32/0*2]")
+
+
+def test_cut_point_stays_inside_the_state_and_short_of_the_prompt_end():
+    c = Candidate("prefix", "a", None, n_tokens=100, n_common=80)
+    assert cut_point(c, 120) == 80
+    assert cut_point(Candidate("parent", "p", None, n_tokens=100, n_common=100), 120) == 100  # its end
+    # a prompt that is a prefix of the state: llama-server evaluates its last token itself
+    assert cut_point(Candidate("prefix", "a", None, n_tokens=100, n_common=60), 60) == 59
+
+
+def test_in_place_counts_only_a_slot_the_prompt_extends_whole():
+    slot = SimpleNamespace(tokens=list(range(50)))
+    assert in_place(SimpleNamespace(lcp=50, slot=slot)) == 50
+    assert in_place(SimpleNamespace(lcp=40, slot=slot)) == 0  # the prompt leaves it at 40: a rollback
+    assert in_place(SimpleNamespace(lcp=0, slot=SimpleNamespace(tokens=[]))) == 0
+
+
+def test_best_prefers_the_longest_common_prefix_then_own_parent_prefix():
+    own = Candidate("restored", "n", None, 90, 70)
+    par = Candidate("parent", "p", None, 70, 70)
+    other = Candidate("prefix", None, "m", 200, 71)
+    assert best([own, par, other], 32) is other
+    assert best([own, par], 32) is own
+    assert best([Candidate("prefix", None, "m", 200, 20)], 32) is None  # under one block
