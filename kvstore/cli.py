@@ -1,6 +1,6 @@
 """`kvstore`: the command line.
 
-    kvstore [--store DIR] [--json] COMMAND ...
+    kvstore [--store DIR|s3://BUCKET/PREFIX] [--cache DIR] [--cache-size BYTES] [--json] COMMAND ...
 
 Exit status: 0 ok, 1 a problem was found (`verify`), 2 an error (one line on stderr: `kvstore: error: ...`).
 `--json` prints one JSON document on stdout; progress goes to stderr only when it is a terminal.
@@ -103,10 +103,12 @@ def valid_server_filename(filename: str) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 # commands
 
-def _store(args):
-    from kvstore.api import open_store
+def _location(args) -> config.Location:
+    return config.locate(args.store, cache=args.cache, cache_size=args.cache_size)
 
-    return open_store(args.store)
+
+def _store(args):
+    return _location(args).open()
 
 
 def cmd_stats(args) -> int:
@@ -120,7 +122,7 @@ def cmd_stats(args) -> int:
         return 0
     s = store.stats()
     emit(args, s, lambda: pairs([
-        ("store", config.store_dir(args.store)),
+        ("store", str(_location(args))),
         ("names", s.get("names")),
         ("manifests", s.get("manifests")),
         ("objects", s.get("objects")),
@@ -181,7 +183,11 @@ def _name_ref(ref: Any) -> str:
 
 
 def cmd_verify(args) -> int:
-    r = _store(args).verify(progress=progress("verify"))
+    store = _store(args)
+    if args.where != "both" and not getattr(store, "remote", None):
+        raise CliError(f"--where {args.where}: only an S3 store has a bucket and a cache (this store is local)")
+    kw = {"where": args.where} if getattr(store, "remote", None) else {}
+    r = store.verify(progress=progress("verify"), **kw)
     corrupt, missing = list(r.get("corrupt") or []), list(r.get("missing") or [])
     bad = bool(corrupt or missing)
 
@@ -196,6 +202,17 @@ def cmd_verify(args) -> int:
 
     emit(args, r, text)
     return 1 if bad else 0
+
+
+def cmd_reindex(args) -> int:
+    loc = _location(args)
+    if not loc.remote:
+        raise CliError("reindex rebuilds an S3 store's local cache from its bucket; a local store is its own index "
+                       "(see `kvstore verify`)")
+    r = loc.open().reindex()
+    emit(args, r, lambda: pairs([("store", loc.target), ("cache", loc.cache)]
+                                + [(k.replace("_", " "), v) for k, v in sorted(r.items())]))
+    return 0
 
 
 def cmd_ingest(args) -> int:
@@ -240,10 +257,19 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _server_and_store(args):
+    """The server, and the store to use with it: none for a `kvstore serve` (it uses its own)."""
+    from kvstore.server import LlamaServer
+
+    srv = LlamaServer(args.server)
+    return srv, (None if srv.is_kvstore() else _store(args))
+
+
 def cmd_save(args) -> int:
     from kvstore.api import save
 
-    r = save(args.name, args.slot, server=args.server, store=args.store, namespace=args.namespace)
+    srv, store = _server_and_store(args)
+    r = save(args.name, args.slot, server=srv, store=store, namespace=args.namespace)
     emit(args, r, lambda: f"saved slot {args.slot} as {args.name!r}: {r.get('n_tokens', r.get('n_saved'))} tokens"
                           + (f", {mib(r.get('new_stored_bytes'))} new" if "new_stored_bytes" in r else ""))
     return 0
@@ -252,7 +278,8 @@ def cmd_save(args) -> int:
 def cmd_restore(args) -> int:
     from kvstore.api import restore
 
-    r = restore(args.name, args.slot, server=args.server, store=args.store, namespace=args.namespace)
+    srv, store = _server_and_store(args)
+    r = restore(args.name, args.slot, server=srv, store=store, namespace=args.namespace)
     emit(args, r, lambda: f"restored {args.name!r} into slot {args.slot}: "
                           f"{r.get('n_tokens', r.get('n_restored'))} tokens")
     return 0
@@ -380,8 +407,15 @@ def add_serve_args(sp) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
-                        help="store directory (default: $KVSTORE_DIR, else ~/.local/share/kvstore)")
+    common.add_argument("--store", metavar="DIR|s3://BUCKET/PREFIX", default=argparse.SUPPRESS,
+                        help="store directory or S3 bucket (endpoint and credentials: AWS_ENDPOINT_URL, "
+                             "AWS_ACCESS_KEY_ID, ...) (default: $KVSTORE_DIR, else ~/.local/share/kvstore)")
+    common.add_argument("--cache", metavar="DIR", default=argparse.SUPPRESS,
+                        help="an S3 store's local cache: its index and the objects it has seen "
+                             "(default: $XDG_CACHE_HOME or ~/.cache, then kvstore/<hash of endpoint and URL>)")
+    common.add_argument("--cache-size", metavar="BYTES", default=argparse.SUPPRESS,
+                        help="bound an S3 store's cache (least recently used objects go first; suffixes K, M, G, T: "
+                             "powers of 1024, e.g. 10G; default: unbounded)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print one JSON document instead of text")
     p = argparse.ArgumentParser(prog=PROG, parents=[common],
@@ -411,7 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     sp.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS",
                     help="keep unreferenced objects younger than this (default 3600)")
-    add("verify", "re-hash every object; exit 1 if any is corrupt or missing", cmd_verify)
+    sp = add("verify", "re-hash every object; exit 1 if any is corrupt or missing", cmd_verify)
+    sp.add_argument("--where", choices=("bucket", "cache", "both"), default="both",
+                    help="an S3 store: check the objects in the bucket, in the local cache, or both (default)")
+    add("reindex", "an S3 store: rebuild the local cache's index from the bucket", cmd_reindex)
     sp = add("ingest", "store a llama-server slot file under a name", cmd_ingest)
     sp.add_argument("file")
     sp.add_argument("--name", required=True)
@@ -453,6 +490,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.store = getattr(args, "store", None)
+    args.cache = getattr(args, "cache", None)
+    args.cache_size = getattr(args, "cache_size", None)
     args.json = getattr(args, "json", False)
     try:
         return args.func(args)

@@ -4,6 +4,10 @@ Each maps to one HTTP status in `middleware.py`; the store's exceptions (`kvstor
 """
 from __future__ import annotations
 
+from typing import Optional
+
+from kvstore import errors as _store_errors
+
 from .slot import QueueFull  # noqa: F401 - re-exported: every slot is busy and the wait queue is full (503)
 
 
@@ -51,6 +55,18 @@ class UpstreamReply(Exception):
         super().__init__(f"llama-server answered {status}: {body[:300]!r}")
         self.status = status
         self.body = body
+
+
+# An S3 store's bucket is unreachable or refusing (`kvstore.errors.RemoteUnavailable`, raised by the compiled core
+# within a bounded time): 503 + Retry-After; the local cache keeps serving what it holds.
+RemoteUnavailable: Optional[type] = getattr(_store_errors, "RemoteUnavailable", None)
+
+
+def remote_unavailable(e: BaseException) -> bool:
+    """Did this fail because the store's bucket could not be reached (directly, or as the cause of e)?"""
+    if RemoteUnavailable is None:
+        return False
+    return isinstance(e, RemoteUnavailable) or isinstance(e.__cause__, RemoteUnavailable)
 
 
 class NotStored(Exception):

@@ -17,6 +17,8 @@ _HELP = {
     "kvstore_misses_total": ("counter", "Requests that found no state to reuse."),
     "kvstore_restore_failures_total": ("counter", "Restores that failed (corrupt object, fingerprint, llama-server)."),
     "kvstore_save_failures_total": ("counter", "Saves or ingests that failed."),
+    "kvstore_remote_failures_total": ("counter", "Store calls that failed because the S3 store's bucket was "
+                                      "unreachable (saves are kept in their slots and retried)."),
     "kvstore_tokens_restored_total": ("counter", "Tokens restored into slots."),
     "kvstore_prompt_tokens_evaluated_total": ("counter", "Sum of timings.prompt_n seen in replies."),
     "kvstore_bytes_ingested_total": ("counter", "New stored bytes written by ingests."),
@@ -86,7 +88,7 @@ class Metrics:
         for i, k in enumerate(KINDS[:-1]):
             emit("kvstore_hits_total", snap["kinds"][k], f'{{kind="{k}"}}', header=i == 0)
         emit("kvstore_misses_total", snap["kinds"]["miss"])
-        for key in ("restore_failures", "save_failures", "tokens_restored", "prompt_tokens_evaluated",
+        for key in ("restore_failures", "save_failures", "remote_failures", "tokens_restored", "prompt_tokens_evaluated",
                     "bytes_ingested", "bytes_saved", "bytes_materialized"):
             emit(f"kvstore_{key}_total", snap.get(key, 0))
         for op in ("save", "restore"):

@@ -14,6 +14,7 @@ llama-server's (and OpenAI's) shape: `{"error": {"message", "type"}}`.
 | `UpstreamTimeout` | 504 | timeout_error |
 | `UpstreamError` | 502 | upstream_error |
 | `Unavailable` (llama-server not ready, a slot's save failed) | 503 + `Retry-After: 5` | unavailable_error |
+| `kvstore.errors.RemoteUnavailable` (an S3 store's bucket unreachable) | 503 + `Retry-After: 5` | unavailable_error |
 | `kvstore.errors.FingerprintMismatch` | 409 | conflict_error |
 | `kvstore.errors.StoreFull` | 507 | store_full_error |
 | any other `kvstore.errors.KvStoreError` | 500 | store_error |
@@ -30,13 +31,13 @@ from aiohttp import web
 
 from kvstore.errors import FingerprintMismatch, InvalidName, KvStoreError, NameNotFound, StoreFull, error_message
 
-from .errors import (BadRequest, Forbidden, NotFound, QueueFull, RouteNotFound, Unauthorized, Unavailable,
-                     UpstreamError, UpstreamReply, UpstreamTimeout)
+from .errors import (BadRequest, Forbidden, NotFound, QueueFull, RemoteUnavailable, RouteNotFound, Unauthorized,
+                     Unavailable, UpstreamError, UpstreamReply, UpstreamTimeout)
 
 log = logging.getLogger("kvstore.hooks")
 
 # (exception class, status, error type, extra headers), first match wins: subclasses before their bases.
-STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = (
+STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = tuple(row for row in (  # type: ignore[misc]
     (BadRequest, 400, "invalid_request_error", None),
     (InvalidName, 400, "invalid_request_error", None),
     (NotFound, 404, "not_found_error", None),
@@ -48,10 +49,11 @@ STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = (
     (Unavailable, 503, "unavailable_error", {"Retry-After": "5"}),
     (UpstreamTimeout, 504, "timeout_error", None),
     (UpstreamError, 502, "upstream_error", None),
+    (RemoteUnavailable, 503, "unavailable_error", {"Retry-After": "5"}),
     (FingerprintMismatch, 409, "conflict_error", None),
     (StoreFull, 507, "store_full_error", None),
     (KvStoreError, 500, "store_error", None),
-)
+) if row[0] is not None)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", headers: Optional[dict] = None
@@ -65,8 +67,10 @@ def reply_for(e: BaseException) -> Optional[web.Response]:
         return web.Response(status=e.status, body=e.body, content_type="application/json")
     for cls, status, kind, headers in STATUSES:
         if isinstance(e, cls):
-            if status >= 500 and not isinstance(e, (QueueFull, Unavailable, UpstreamError)):
+            if status >= 500 and status != 503 and not isinstance(e, UpstreamError):
                 log.error("%s %s", type(e).__name__, e)
+            elif RemoteUnavailable is not None and isinstance(e, RemoteUnavailable):
+                log.warning("store unavailable: %s", e)
             return error(status, error_message(e), kind, headers=headers)
     return None
 
