@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvstore.models import model_path
 
-from . import storage, workloads
+from . import handoff, storage, workloads
 from .targets import TARGETS, Target, cleanup, workdir
 
 PRESETS = {
@@ -45,6 +45,11 @@ PRESETS = {
         "storage": {"article_words": 600, "children": 10},
     },
 }
+# Several servers on one S3 store (a SeaweedFS the run starts): W1 and W3 with each user's turns alternating
+# between two `kvstore serve`, next to one server with a local store and plain llama-server; the handoff figures.
+PRESETS["s3"] = {**PRESETS["full"], "models": ["smollm2"], "targets": ["plain", "kvstore", "s3x2"],
+                 "workloads": ["W1", "W3", "handoff"], "handoff": {"history_words": 1400}}
+MULTI_SERVER_WORKLOADS = ("W1", "W3", "W1long")  # W2 has no users to move between servers
 
 
 def run_workload(name: str, spec, model: str, cfg: dict) -> list:
@@ -58,6 +63,8 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
                for o in ("article-major", "question-major")
                for par in ((False, True) if spec.kind == "kvstore" else (False,))],
     }[name]
+    if spec.servers > 1 and name not in MULTI_SERVER_WORKLOADS:
+        return rows
     for label, fn in variants:
         wd = workdir()
         target = Target(spec, model, cfg["parallel"], cfg["ctx_size"], wd)
@@ -97,6 +104,16 @@ def table(results: dict) -> str:
                          f"{r['ratio_to_ideal']} | {r['cache_n']} | "
                          f"{'-' if ttft is None else f'{ttft * 1000:.0f} ms'}{rel('ttft_returning_p50_s')} | "
                          f"{r['wall_s']} s{rel('wall_s')} | {disk} |")
+        h = block.get("handoff")
+        if h:
+            lines.append(f"\nA returning user's turn on the other server ({h['prompt_tokens']} prompt tokens): time to "
+                         f"first token {h['ttft_cold_s'] * 1000:.0f} ms with that server's cache cold (state from "
+                         f"the bucket), {h['ttft_warm_s'] * 1000:.0f} ms warm, {h['ttft_full_eval_s'] * 1000:.0f} ms "
+                         f"evaluating the prompt in full. Restore of the state ({h['state_file_bytes'] / 2**20:.1f} "
+                         f"MiB, {h['bucket_bytes_read'] / 2**20:.1f} MiB read from the bucket in "
+                         f"{h['objects_read']} objects): {h['restore_cold_mb_s']} MB/s of bucket bytes from a cold "
+                         f"cache vs {h['get_mb_s']} MB/s for one plain GET of as many bytes; from a warm cache "
+                         f"{h['restore_warm_file_mb_s']} MB/s of state file.")
         st = block.get("storage")
         if st:
             mb = st["mb_per_s"]
@@ -130,6 +147,14 @@ def main(argv=None) -> int:
         block = results["models"].setdefault(model, {"workloads": []})
         print(f"{model}:", file=sys.stderr, flush=True)
         for wl in wls:
+            if wl == "handoff":
+                wd = workdir()
+                try:
+                    block["handoff"] = handoff.run(path, wd, cfg["parallel"], cfg["ctx_size"], **cfg["handoff"])
+                finally:
+                    cleanup(wd)
+                print(f"  handoff {block['handoff']}", file=sys.stderr, flush=True)
+                continue
             if wl == "storage":
                 wd = workdir()
                 try:

@@ -7,7 +7,7 @@ so a test can take the bucket away while servers run and bring it back with its 
 identities configured): any credentials are accepted. `env()` is what a client process needs
 (AWS_ENDPOINT_URL etc.), to be passed explicitly: nothing here touches os.environ.
 
-    python tests/seaweed.py DIR   # run one by hand (prints its env, Ctrl-C stops it)
+    python tests/seaweed.py DIR [BUCKET ...]   # run one by hand with these buckets (Ctrl-C stops it)
 """
 from __future__ import annotations
 
@@ -191,10 +191,13 @@ class SeaweedFS:
 
     def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
         """Every key under `prefix` (ListObjectsV2, following continuation tokens): what the bucket holds."""
+        return [k for k, _ in self._list(bucket, prefix)]
+
+    def _list(self, bucket: str, prefix: str) -> list[tuple[str, int]]:
         import urllib.parse
         import xml.etree.ElementTree as ET
 
-        keys: list[str] = []
+        keys: list[tuple[str, int]] = []
         token: Optional[str] = None
         while True:
             q = {"list-type": "2", "prefix": prefix}
@@ -204,10 +207,22 @@ class SeaweedFS:
             with urllib.request.urlopen(url, timeout=30) as r:
                 root = ET.fromstring(r.read())
             ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-            keys += [c.findtext(f"{ns}Key") or "" for c in root.iter(f"{ns}Contents")]
+            keys += [(c.findtext(f"{ns}Key") or "", int(c.findtext(f"{ns}Size") or 0))
+                     for c in root.iter(f"{ns}Contents")]
             if (root.findtext(f"{ns}IsTruncated") or "false").lower() != "true":
                 return keys
             token = root.findtext(f"{ns}NextContinuationToken")
+
+    def bucket_bytes(self, bucket: str, prefix: str = "") -> int:
+        """Total size of the objects under `prefix`."""
+        return sum(size for _, size in self._list(bucket, prefix))
+
+    def put_object(self, bucket: str, key: str, data: bytes) -> None:
+        import urllib.parse
+
+        req = urllib.request.Request(f"{self.endpoint}/{bucket}/{urllib.parse.quote(key)}", data=data, method="PUT")
+        with urllib.request.urlopen(req, timeout=120) as r:
+            r.read()
 
     def get_object(self, bucket: str, key: str) -> bytes:
         """A plain GET of one object (the bench's baseline for restore throughput)."""
@@ -227,8 +242,11 @@ if __name__ == "__main__":
     import tempfile
 
     d = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="seaweed.")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop weed too (it runs in its own session)
     with SeaweedFS(d) as sw:
-        print(f"SeaweedFS S3 on {sw.endpoint}, data in {d}; export AWS_ENDPOINT_URL={sw.endpoint}", flush=True)
+        made = [sw.create_bucket(b) for b in sys.argv[2:]]
+        print(f"SeaweedFS S3 on {sw.endpoint} (buckets: {', '.join(made) or 'none'}), data in {d}\n"
+              f"export AWS_ENDPOINT_URL={sw.endpoint}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             while sw.running:
                 time.sleep(1)

@@ -60,6 +60,8 @@ class UpstreamReply(Exception):
 # An S3 store's bucket is unreachable or refusing (`kvstore.errors.RemoteUnavailable`, raised by the compiled core
 # within a bounded time): 503 + Retry-After; the local cache keeps serving what it holds.
 RemoteUnavailable: Optional[type] = getattr(_store_errors, "RemoteUnavailable", None)
+# A bucket store's gc held its lock longer than a save waits: transient, 503 as well.
+GcLocked: Optional[type] = getattr(_store_errors, "GcLocked", None)
 
 
 def remote_unavailable(e: BaseException) -> bool:

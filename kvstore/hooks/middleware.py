@@ -14,7 +14,7 @@ llama-server's (and OpenAI's) shape: `{"error": {"message", "type"}}`.
 | `UpstreamTimeout` | 504 | timeout_error |
 | `UpstreamError` | 502 | upstream_error |
 | `Unavailable` (llama-server not ready, a slot's save failed) | 503 + `Retry-After: 5` | unavailable_error |
-| `kvstore.errors.RemoteUnavailable` (an S3 store's bucket unreachable) | 503 + `Retry-After: 5` | unavailable_error |
+| `kvstore.errors.RemoteUnavailable` (an S3 store's bucket unreachable), `GcLocked` (a gc held the bucket's lock longer than a save waits) | 503 + `Retry-After: 5` | unavailable_error |
 | `kvstore.errors.FingerprintMismatch` | 409 | conflict_error |
 | `kvstore.errors.StoreFull` | 507 | store_full_error |
 | any other `kvstore.errors.KvStoreError` | 500 | store_error |
@@ -31,8 +31,8 @@ from aiohttp import web
 
 from kvstore.errors import FingerprintMismatch, InvalidName, KvStoreError, NameNotFound, StoreFull, error_message
 
-from .errors import (BadRequest, Forbidden, NotFound, QueueFull, RemoteUnavailable, RouteNotFound, Unauthorized,
-                     Unavailable, UpstreamError, UpstreamReply, UpstreamTimeout)
+from .errors import (BadRequest, Forbidden, GcLocked, NotFound, QueueFull, RemoteUnavailable, RouteNotFound,
+                     Unauthorized, Unavailable, UpstreamError, UpstreamReply, UpstreamTimeout)
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -50,6 +50,7 @@ STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = tuple(row for row 
     (UpstreamTimeout, 504, "timeout_error", None),
     (UpstreamError, 502, "upstream_error", None),
     (RemoteUnavailable, 503, "unavailable_error", {"Retry-After": "5"}),
+    (GcLocked, 503, "unavailable_error", {"Retry-After": "5"}),
     (FingerprintMismatch, 409, "conflict_error", None),
     (StoreFull, 507, "store_full_error", None),
     (KvStoreError, 500, "store_error", None),
