@@ -86,7 +86,8 @@ def test_user_served_by_a_then_b_is_restored_and_continues_the_same(pair):
     assert int(moved.headers["X-KV-Restored-Tokens"]) >= len(tokenize(b.url, p1))
     assert moved.prompt_n <= new + SLACK, (moved.prompt_n, new)
     stayed = complete(a.url, p2, name="stayer", n_predict=8)
-    assert stayed.kind == "slot"
+    # (the mover's first turn may have reused the stayer's saved slot in place: then the stayer is restored on A)
+    assert stayed.kind in ("slot", "restored"), stayed.headers
     assert moved.json["content"] == stayed.json["content"]  # the same greedy continuation
 
 
@@ -105,14 +106,13 @@ def test_article_primed_on_a_is_a_parent_on_b(pair):
 
 def test_both_restarted_with_empty_caches_lose_nothing(pair):
     a, b = pair
-    before = names(a) | names(b)
-    assert {"stayer", "mover", "article0", "q0-on-b", "q0-on-a"} <= before
+    made = {"stayer", "mover", "article0", "q0-on-b", "q0-on-a"}  # the last perhaps still unsaved in A's slot
     for node in (a, b):
         assert node.stop() == 0, node.log_tail()  # SIGTERM saves the dirty slots (into the bucket)
         shutil.rmtree(node.cache)
     for node in (a, b):
         node.start()
-    assert names(a) == names(b) == before
+    assert names(a) == names(b) == made
     p = turn_prompt(intro(0), QUESTIONS[0])
     r = complete(b.url, p, name="stayer", n_predict=4)
     assert r.kind == "restored" and int(r.headers["X-KV-Restored-Tokens"]) >= len(tokenize(b.url, p)), r.headers
@@ -127,15 +127,21 @@ def test_kill_a_during_an_upload(pair, seaweed, tmp_path):
     prefix = "pair/objects/"  # the bucket layout of rust/src/remote/mod.rs
     before = len(seaweed.list_keys(S3_BUCKET, prefix))
     answered: list = []
-    t = threading.Thread(target=lambda: answered.append(post(a.url, "/kvstore/states/article1",
-                                                             {"prompt": ARTICLES[1] + ARTICLES[2]})))
+
+    def prime():
+        try:
+            answered.append(post(a.url, "/kvstore/states/article1", {"prompt": ARTICLES[1] + ARTICLES[2]}))
+        except OSError as e:  # the connection dies with A
+            answered.append(e)
+
+    t = threading.Thread(target=prime)
     t.start()
     deadline = time.monotonic() + 120
     while len(seaweed.list_keys(S3_BUCKET, prefix)) == before and t.is_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
     a.kill()  # as soon as the first of the save's objects is in the bucket
     t.join(60)
-    mid_upload = not answered or answered[0].status != 200
+    mid_upload = not answered or isinstance(answered[0], OSError) or answered[0].status != 200
     print(f"\nkill -9 of A {'during' if mid_upload else 'after'} the upload of article1")
 
     report = verify_bucket(b, tmp_path / "verify")  # no name points at a missing object

@@ -152,3 +152,15 @@ def test_save_restore_through_a_plain_llama_server(s3env, s3_url, tmp_path, star
     assert complete(srv.url, cont, 1, n_predict=8)["content"] == ref["content"]
     assert other.get("alice")["n_tokens"] == len(toks)
     assert not list(sync_dir_of(st).iterdir())
+
+
+def test_bucket_errors_are_503_in_the_one_table():
+    import json
+
+    from kvstore.errors import GcLocked, RemoteUnavailable
+    from kvstore.hooks.middleware import reply_for
+
+    for exc in (RemoteUnavailable("the bucket of s3://x/y did not answer"), GcLocked("a gc holds s3://x/y")):
+        r = reply_for(exc)
+        assert r is not None and r.status == 503 and r.headers["Retry-After"] == "5"
+        assert json.loads(r.body)["error"] == {"message": str(exc), "type": "unavailable_error"}

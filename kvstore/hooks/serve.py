@@ -32,7 +32,12 @@ def engine_config(args, *, multi_tenant: bool):
     if args.kv_unified:
         # One KV stream shared by all slots: restores would need states re-emitted for 1 stream, not n_slots.
         raise ValueError("--kv-unified is not supported by kvstore serve")
-    cfg = config_from_args(args, slot_save_path=str(args.location.sync))
+    loc = getattr(args, "location", None)  # set by run(); callers that build args themselves name only --store
+    if loc is None:
+        from kvstore.config import locate
+
+        loc = locate(args.store, cache=getattr(args, "cache", None), cache_size=getattr(args, "cache_size", None))
+    cfg = config_from_args(args, slot_save_path=str(loc.sync))
     cfg.api_key = secrets.token_urlsafe(32)
     if multi_tenant and cfg.cache_ram:
         log.warning("--cache-ram %d -> 0: llama-server's host prompt cache would cross namespaces", cfg.cache_ram)

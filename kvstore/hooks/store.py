@@ -59,6 +59,17 @@ class AsyncStore:
     async def get(self, name: str, *, namespace: str) -> Optional[dict]:
         return await self._call(self.core.get, name, namespace=namespace)
 
+    @property
+    def remote(self) -> Optional[str]:
+        """`s3://bucket/prefix` of an S3 store, else None."""
+        return getattr(self.core, "remote", None)
+
+    async def sync(self, namespace: Optional[str] = None) -> Optional[dict]:
+        """An S3 store: bring the local index up to date with the names in the bucket (other servers' saves)."""
+        if not self.remote:
+            return None
+        return await self._call(self.core.sync, namespace)
+
     async def list(self, *, namespace: Optional[str]) -> list:
         return await self._call(self.core.list, namespace=namespace)
 
