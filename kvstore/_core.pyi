@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, final
 
 __all__ = [
     "KvStoreError", "FormatError", "CorruptObject", "FingerprintMismatch", "NameNotFound", "InvalidName",
-    "StoreFull", "__version__", "DEFAULT_BLOCK_SIZE", "Store", "validate_name", "hash_file", "inspect_state",
+    "StoreFull", "RemoteUnavailable", "GcLocked", "__version__", "DEFAULT_BLOCK_SIZE", "Store", "validate_name", "hash_file", "inspect_state",
     "layout_is_empty",
 ]
 
@@ -54,6 +54,18 @@ class StoreFull(KvStoreError, OSError):
     path: Optional[str]  # type: ignore[assignment]
     """Where the write failed."""
 
+class RemoteUnavailable(KvStoreError):
+    """The store's bucket did not answer (down, unreachable, timed out); nothing was saved. Reads are served from
+    the local cache where it holds the objects."""
+    url: Optional[str]
+    """The store, `s3://bucket/prefix`."""
+
+class GcLocked(KvStoreError):
+    """A bucket store's lock is held: another gc is running (a gc refuses), or a gc or saves in flight held it
+    longer than the wait."""
+    url: Optional[str]
+    """The store, `s3://bucket/prefix`."""
+
 def validate_name(name: str, what: str = "name") -> None: ...
 def hash_file(path: str) -> str:
     """blake3 hex digest of a file's content."""
@@ -71,8 +83,22 @@ class Store:
     recorded when the store is created) to DEFAULT_BLOCK_SIZE.
     """
     path: str
+    """The store's directory (a bucket store: its cache directory)."""
     block_size: int
-    def __new__(cls, path: str, *, block_size: int = ..., level: int = 1, map_size_mib: int = 65536) -> Store: ...
+    remote: Optional[str]
+    """`s3://bucket/prefix` of a bucket store, else None."""
+    cache_dir: Optional[str]
+    """The local cache directory of a bucket store, else None."""
+    def __new__(cls, location: str, *, cache: Optional[str] = None, cache_size: Optional[int] = None,
+                block_size: int = ..., level: int = 1, map_size_mib: int = 65536) -> Store:
+        """`location`: a local directory, or `s3://bucket/prefix` (endpoint and credentials from the AWS_*
+        environment variables); a bucket store needs `cache` (its local cache directory) and takes `cache_size`
+        (bytes, None = unbounded). A local store refuses `cache`/`cache_size`."""
+    def sync(self, namespace: Optional[str] = None) -> dict[str, Any]:
+        """Bucket stores: bring the local index up to date with the bucket's names (one namespace, or all):
+        {names, updated, removed, manifests_fetched, elapsed_s}."""
+    def reindex(self) -> dict[str, Any]:
+        """Bucket stores: rebuild the local index from the bucket (same report as `sync`)."""
     def ingest(self, name: str, path: str, *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None,
                parent: Optional[str] = None, remove_file: bool = False) -> dict[str, Any]:
         """Store a slot file under a name (replacing the previous state of that name).
@@ -94,7 +120,9 @@ class Store:
         """Longest stored token prefix: {manifest_id, name, n_tokens, n_common} or None."""
     def get(self, name: str, *, namespace: str = ...) -> Optional[dict[str, Any]]:
         """{name, namespace, manifest_id, n_tokens, file_bytes, file_hash, fingerprint, layout, parent,
-        created, last_used}, or None. `empty`: an empty slot (see `layout_is_empty`)."""
+        created, last_used, displaced}, or None. `empty`: an empty slot (see `layout_is_empty`). A bucket store
+        reads the name's record from the bucket; `displaced`: manifest ids a concurrent save on another machine
+        committed and this name's later save replaced (kept by gc)."""
     def tokens(self, name: str, *, namespace: str = ...) -> list[int]: ...
     def list(self, *, namespace: Optional[str] = None) -> list[dict[str, Any]]: ...
     def remove(self, name: str, *, namespace: str = ...) -> bool: ...
@@ -102,8 +130,11 @@ class Store:
     def gc(self, *, grace_seconds: float = 3600.0, dry_run: bool = False) -> dict[str, Any]:
         """{live_objects, dead_objects, freed_bytes, kept_young, removed_temp, dead_manifests, dry_run}.
         A dry run only plans (nothing changes); otherwise the plan is carried out under the store's exclusive lock."""
-    def verify(self, *, progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
-        """Re-hash every object: {objects_checked, corrupt: [id], missing: [id], names_affected: [..]}."""
+    def verify(self, *, progress: Optional[Callable[[int, int], None]] = None, where: str = ...) -> dict[str, Any]:
+        """Re-hash every object: {objects_checked, corrupt: [id], missing: [id], names_affected: [..]}.
+        A bucket store checks `where` = "bucket", "cache" (objects it lacks are not missing) or "both" (default);
+        a local store takes only the default."""
     def stats(self) -> dict[str, Any]:
         """{names, manifests, objects, logical_bytes, unique_raw_bytes, stored_bytes, dedup_ratio,
-        compression_ratio, total_ratio, block_size}."""
+        compression_ratio, total_ratio, block_size, bucket_objects, bucket_bytes, cache_bytes, cache_limit}
+        (the last four None for a local store)."""

@@ -1,7 +1,7 @@
 """kvstore's exceptions.
 
 The store's exception classes are defined once, by the compiled core (`kvstore._core`, rust/src/py/errors.rs),
-with their attributes (`name`, `namespace`, `key`, `stored`, `server`, `object_id`, `what`, `value`, `path`;
+with their attributes (`name`, `namespace`, `key`, `stored`, `server`, `object_id`, `what`, `value`, `path`, `url`;
 see `_core.pyi`), and re-exported here. `ServerError` is the Python side's own: llama-server (or `kvstore
 serve`) could not be reached or refused a request.
 """
@@ -15,7 +15,9 @@ from kvstore._core import (
     FormatError,
     InvalidName,
     KvStoreError,
+    GcLocked,
     NameNotFound,
+    RemoteUnavailable,
     StoreFull,
 )
 
@@ -45,5 +47,5 @@ def error_message(exc: BaseException) -> str:
 
 __all__ = [
     "KvStoreError", "FormatError", "CorruptObject", "FingerprintMismatch", "NameNotFound", "InvalidName",
-    "StoreFull", "ServerError", "error_message",
+    "StoreFull", "RemoteUnavailable", "GcLocked", "ServerError", "error_message",
 ]

@@ -6,6 +6,7 @@ use crate::format::FormatError;
 use crate::index::IndexError;
 use crate::manifest::ManifestError;
 use crate::objects::ObjectError;
+use crate::remote::RemoteError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -17,6 +18,8 @@ pub enum Error {
     Index(#[from] IndexError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
     #[error("no state named '{name}'{}", ns_suffix(namespace))]
     NameNotFound { namespace: String, name: String },
     #[error("no manifest {id}; list states with `kvstore ls`")]
@@ -46,6 +49,10 @@ pub enum ErrorKind {
     NameNotFound,
     InvalidName,
     StoreFull,
+    /// The bucket did not answer (down, unreachable, timed out).
+    RemoteUnavailable,
+    /// A gc (or a save) holds the bucket's lock.
+    GcLocked,
     Other,
 }
 
@@ -59,11 +66,24 @@ impl Error {
         }
     }
 
+    /// The bucket error inside, if any.
+    pub fn remote(&self) -> Option<&RemoteError> {
+        match self {
+            Error::Object(ObjectError::Remote(e)) | Error::Remote(e) => Some(e),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Format(_) => ErrorKind::Format,
             Error::Object(ObjectError::Corrupt { .. } | ObjectError::Missing { .. }) => ErrorKind::Corrupt,
             Error::Object(ObjectError::Full { .. }) => ErrorKind::StoreFull,
+            Error::Object(ObjectError::Remote(e)) | Error::Remote(e) => match e {
+                RemoteError::Unavailable { .. } => ErrorKind::RemoteUnavailable,
+                RemoteError::Locked { .. } => ErrorKind::GcLocked,
+                _ => ErrorKind::Other,
+            },
             Error::Object(_) => ErrorKind::Other,
             Error::Index(IndexError::InvalidName { .. }) => ErrorKind::InvalidName,
             Error::Index(IndexError::MapFull { .. } | IndexError::DiskFull { .. }) => ErrorKind::StoreFull,

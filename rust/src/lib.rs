@@ -17,6 +17,8 @@ pub mod prefix;
 pub mod store;
 /// Garbage collection: plan, then execute.
 pub mod gc;
+/// A store in an S3 bucket, the local disk as a cache.
+pub mod remote;
 /// Reading a slot file from disk: regular files only, bounded by their size (the one rule).
 pub mod slot_file;
 /// One `Error` folding the module errors.

@@ -19,6 +19,7 @@ mod execute;
 mod plan;
 
 pub use execute::execute;
+pub(crate) use plan::mark;
 pub use plan::{plan, GcPlan};
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -37,8 +38,11 @@ pub struct GcReport {
     pub dry_run: bool,
 }
 
-/// `plan`, then (unless `dry_run`) `execute`.
+/// `plan`, then (unless `dry_run`) `execute`. A bucket store's gc is `crate::remote::gc`.
 pub fn gc(store: &Store, grace: Duration, dry_run: bool) -> Result<GcReport> {
+    if let Some(remote) = store.remote() {
+        return crate::remote::gc::gc(store, remote, grace, dry_run);
+    }
     let plan = plan(store, grace)?;
     if dry_run {
         Ok(plan.report())

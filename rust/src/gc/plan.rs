@@ -37,12 +37,12 @@ impl GcPlan {
     }
 }
 
-pub(super) struct Marks {
-    pub(super) objects: HashSet<ObjectId>,
-    pub(super) manifests: HashSet<ObjectId>,
+pub(crate) struct Marks {
+    pub(crate) objects: HashSet<ObjectId>,
+    pub(crate) manifests: HashSet<ObjectId>,
 }
 
-pub(super) fn mark(store: &Store) -> Result<Marks> {
+pub(crate) fn mark(store: &Store) -> Result<Marks> {
     let r = store.index().read_txn()?;
     let (names, manifests, unreadable) = store.live_set(&r)?;
     if let Some(id) = unreadable.first() {

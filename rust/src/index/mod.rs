@@ -65,6 +65,13 @@ pub struct NameRecord {
     pub created: f64,
     /// Unix seconds of the last `touch` (or of the ingest).
     pub last_used: f64,
+    /// Bucket stores: the ETag of the bucket's name record this row mirrors (sync skips unchanged names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    /// Bucket stores: manifests a concurrent save on another machine committed and this one replaced
+    /// (kept live by gc; see `remote/names.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displaced: Vec<ObjectId>,
 }
 
 /// An `objects` row value: u64be raw_len ‖ u64be stored_len.
@@ -194,7 +201,7 @@ mod tests {
         let id = ObjectId::of(b"m");
         let mut w = a.write_txn().unwrap();
         a.names
-            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id, created: 1.0, last_used: 2.0 })
+            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id, created: 1.0, last_used: 2.0, etag: None, displaced: vec![] })
             .unwrap();
         a.prefixes.put(&mut w, &([7u8; 32], id), &128).unwrap();
         a.objects.put(&mut w, &id, &ObjectRow { raw_len: 5, stored_len: 3 }).unwrap();

@@ -1,5 +1,6 @@
-//! The seam between the object store and where object files live: the `Backend` trait (a local directory
-//! today, `local.rs`; S3 next, `s3.rs`) and `ObjectError`, the errors any backend reports.
+//! The seam between the object store and where object files live: the `Backend` trait (a local directory,
+//! `local.rs`; a bucket and a bucket behind a local cache, `crate::remote`) and `ObjectError`, the errors any
+//! backend reports.
 //!
 //! Contract for every backend: a put is atomic (readers see all of an object or nothing) and durable when it
 //! returns; objects are never rewritten in place; `touch` refreshes the time gc's grace period is measured
@@ -23,6 +24,8 @@ pub enum ObjectError {
     Io { path: PathBuf, source: io::Error },
     #[error("object {id}: compression failed: {source}")]
     Compress { id: ObjectId, source: io::Error },
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
 }
 
 impl ObjectError {
@@ -93,4 +96,10 @@ pub trait Backend: Send + Sync {
     fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError>;
     /// Move a corrupt object aside (kept for inspection), so that the next put of the same content rewrites it.
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError>;
+    /// A hint that these objects are about to be read (a remote backend fetches the missing ones in parallel).
+    fn prefetch(&self, _ids: &[ObjectId]) -> Result<(), ObjectError> {
+        Ok(())
+    }
+    /// The bytes `get_into` just returned for `id` passed the hash check (a cache keeps them only then).
+    fn verified(&self, _id: &ObjectId, _encoded: &[u8]) {}
 }

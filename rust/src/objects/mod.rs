@@ -110,7 +110,10 @@ impl ObjectStore {
                 return Err(ObjectError::Missing { id: *id });
             }
             let checked = match decode(&buf) {
-                Ok(bytes) if ObjectId::of(&bytes) == *id => Ok(bytes),
+                Ok(bytes) if ObjectId::of(&bytes) == *id => {
+                    self.backend.verified(id, &buf);
+                    Ok(bytes)
+                }
                 Ok(_) => Err("hash mismatch".to_string()),
                 Err(reason) => Err(reason),
             };

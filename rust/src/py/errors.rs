@@ -25,11 +25,23 @@ pub(super) struct ExceptionTypes {
     pub name_not_found: Py<PyType>,
     pub invalid_name: Py<PyType>,
     pub store_full: Py<PyType>,
+    pub remote_unavailable: Py<PyType>,
+    pub gc_locked: Py<PyType>,
 }
 
 impl ExceptionTypes {
-    pub fn all(&self) -> [&Py<PyType>; 7] {
-        [&self.base, &self.format, &self.corrupt, &self.fingerprint, &self.name_not_found, &self.invalid_name, &self.store_full]
+    pub fn all(&self) -> [&Py<PyType>; 9] {
+        [
+            &self.base,
+            &self.format,
+            &self.corrupt,
+            &self.fingerprint,
+            &self.name_not_found,
+            &self.invalid_name,
+            &self.store_full,
+            &self.remote_unavailable,
+            &self.gc_locked,
+        ]
     }
 }
 
@@ -101,6 +113,20 @@ pub(super) fn exceptions(py: Python<'_>) -> &ExceptionTypes {
                 &["path"],
                 "The disk or the LMDB map is full; nothing was committed. `path`: where the write failed.",
             ),
+            remote_unavailable: make(
+                "RemoteUnavailable",
+                &[b()],
+                &["url"],
+                "The store's bucket did not answer (down, unreachable, timed out); nothing was saved. Reads are \
+                 served from the local cache where it holds the objects.\n\n`url`: the store, `s3://bucket/prefix`.",
+            ),
+            gc_locked: make(
+                "GcLocked",
+                &[b()],
+                &["url"],
+                "The bucket store's lock is held: another gc is running (a gc refuses), or a gc (a save waited for \
+                 it) or saves in flight (a gc waited for them) held it too long.\n\n`url`: the store.",
+            ),
             base,
         }
     })
@@ -128,6 +154,7 @@ fn attrs(e: &Error) -> Vec<(&'static str, String)> {
         Error::Index(IndexError::InvalidName { what, value, .. }) => vec![("what", what.to_string()), ("value", value.clone())],
         Error::Object(ObjectError::Full { path: p, .. }) => path(p),
         Error::Index(IndexError::MapFull { path: p } | IndexError::DiskFull { path: p }) => path(p),
+        e if e.remote().is_some() => vec![("url", e.remote().map(|r| r.url().to_string()).unwrap_or_default())],
         _ => Vec::new(),
     }
 }
@@ -143,6 +170,8 @@ impl From<Error> for PyErr {
                 ErrorKind::NameNotFound => &t.name_not_found,
                 ErrorKind::InvalidName => &t.invalid_name,
                 ErrorKind::StoreFull => &t.store_full,
+                ErrorKind::RemoteUnavailable => &t.remote_unavailable,
+                ErrorKind::GcLocked => &t.gc_locked,
                 ErrorKind::Other => &t.base,
             };
             let made = ty.bind(py).call1((e.to_string(),)).and_then(|exc| {

@@ -19,17 +19,56 @@ pub(super) struct PyStore {
 
 #[pymethods]
 impl PyStore {
+    /// `location`: a local directory, or `s3://bucket/prefix` (then `cache` is required: the local cache
+    /// directory; `cache_size`: its bound in bytes, None = unbounded).
     #[new]
-    #[pyo3(signature = (path, *, block_size = DEFAULT_BLOCK_SIZE, level = 1, map_size_mib = 65536))]
-    fn new(py: Python<'_>, path: PathBuf, block_size: u32, level: i32, map_size_mib: u64) -> PyResult<Self> {
+    #[pyo3(signature = (location, *, cache = None, cache_size = None, block_size = DEFAULT_BLOCK_SIZE, level = 1, map_size_mib = 65536))]
+    fn new(
+        py: Python<'_>,
+        location: PathBuf,
+        cache: Option<PathBuf>,
+        cache_size: Option<u64>,
+        block_size: u32,
+        level: i32,
+        map_size_mib: u64,
+    ) -> PyResult<Self> {
         let map_size = usize::try_from(map_size_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-        let inner = py.detach(|| Store::open(&path, block_size, level, map_size))?;
+        let loc = location.to_string_lossy().into_owned();
+        let inner = py.detach(|| crate::remote::open_location(&loc, cache.as_deref(), cache_size, block_size, level, map_size))?;
         Ok(PyStore { inner: Arc::new(inner) })
     }
 
+    /// The store's directory (a bucket store: its cache directory).
     #[getter]
     fn path(&self) -> String {
         self.inner.path().to_string_lossy().into_owned()
+    }
+
+    /// `s3://bucket/prefix` of a bucket store, else None.
+    #[getter]
+    fn remote(&self) -> Option<String> {
+        self.inner.remote().map(|r| r.url().to_string())
+    }
+
+    /// The local cache directory of a bucket store, else None.
+    #[getter]
+    fn cache_dir(&self) -> Option<String> {
+        self.inner.remote().map(|_| self.inner.path().to_string_lossy().into_owned())
+    }
+
+    /// Bring the local index up to date with the bucket's names (one namespace, or all).
+    #[pyo3(signature = (namespace = None))]
+    fn sync<'py>(&self, py: Python<'py>, namespace: Option<String>) -> PyResult<Bound<'py, PyAny>> {
+        let s = &self.inner;
+        let r = py.detach(|| crate::remote::sync::sync_store(s, namespace.as_deref()))?;
+        dict(py, &r)
+    }
+
+    /// Rebuild the local index from the bucket.
+    fn reindex<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = &self.inner;
+        let r = py.detach(|| crate::remote::sync::reindex_store(s))?;
+        dict(py, &r)
     }
 
     #[getter]
@@ -164,12 +203,13 @@ impl PyStore {
         dict(py, &r)
     }
 
-    #[pyo3(signature = (*, progress = None))]
-    fn verify<'py>(&self, py: Python<'py>, progress: Option<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    #[pyo3(signature = (*, progress = None, r#where = String::from("both")))]
+    fn verify<'py>(&self, py: Python<'py>, progress: Option<Py<PyAny>>, r#where: String) -> PyResult<Bound<'py, PyAny>> {
         let s = &self.inner;
+        let place: crate::store::Where = r#where.parse()?;
         let mut cb_err: Option<PyErr> = None;
         let r = py.detach(|| {
-            s.verify(&mut |done, total| {
+            s.verify_where(place, &mut |done, total| {
                 let Some(cb) = &progress else { return Ok(()) };
                 Python::attach(|py| cb.call1(py, (done, total)).map(|_| ())).map_err(|e| {
                     let msg = e.to_string();

@@ -1,4 +1,6 @@
 //! The catalog of names: get, tokens, list, remove, touch. Removing a name leaves its objects to gc.
+//! A bucket store reads a name's record from the bucket (`get`), syncs before `list`, removes the bucket's
+//! record first; `last_used` (`touch`) is this machine's own (the bucket keeps no per-read writes).
 
 use serde::Serialize;
 
@@ -21,6 +23,9 @@ pub struct StateInfo {
     pub parent: Option<String>,
     pub created: f64,
     pub last_used: f64,
+    /// Manifests a concurrent save on another machine committed and this name's save replaced (bucket
+    /// stores; gc keeps them). Empty for a local store.
+    pub displaced: Vec<String>,
 }
 
 impl Store {
@@ -39,17 +44,17 @@ impl Store {
             parent: m.parent.map(|p| p.hex()),
             created: rec.created,
             last_used: rec.last_used,
+            displaced: rec.displaced.iter().map(|d| d.hex()).collect(),
         })
     }
 
     pub fn get(&self, name: &str, namespace: &str) -> Result<Option<StateInfo>> {
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
-        let ix = &*self.index;
-        let r = ix.read_txn()?;
-        match ix.names.get(&r, &(namespace, name)).ix(ix)? {
+        let r = self.index.read_txn()?;
+        match self.name_record(&r, namespace, name)? {
             None => Ok(None),
-            Some(rec) => self.info(&r, namespace, name, rec).map(Some),
+            Some((rec, _)) => self.info(&r, namespace, name, rec).map(Some),
         }
     }
 
@@ -60,11 +65,12 @@ impl Store {
 
     /// Every named state (of one namespace, or all), in (namespace, name) order.
     pub fn list(&self, namespace: Option<&str>) -> Result<Vec<StateInfo>> {
-        let ix = &*self.index;
-        let r = ix.read_txn()?;
         if let Some(ns) = namespace {
             validate_name(ns, "namespace")?;
         }
+        self.sync_quietly(namespace)?;
+        let ix = &*self.index;
+        let r = ix.read_txn()?;
         let rows = ix.names_in(&r, namespace)?;
         rows.into_iter().map(|(ns, name, rec)| self.info(&r, &ns, &name, rec)).collect()
     }
@@ -73,11 +79,15 @@ impl Store {
     pub fn remove(&self, name: &str, namespace: &str) -> Result<bool> {
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
+        let in_bucket = match &self.remote {
+            Some(r) => crate::remote::names::remove(&r.bucket, namespace, name)?,
+            None => false,
+        };
         let ix = &*self.index;
         let mut w = ix.write_txn()?;
         let existed = ix.names.delete(&mut w, &(namespace, name)).ix(ix)?;
         w.commit().ix(ix)?;
-        Ok(existed)
+        Ok(existed || in_bucket)
     }
 
     /// Set a name's last_used to now.
@@ -85,6 +95,13 @@ impl Store {
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
         let ix = &*self.index;
+        let known = {
+            let r = ix.read_txn()?;
+            ix.names.get(&r, &(namespace, name)).ix(ix)?.is_some()
+        };
+        if self.remote.is_some() && !known {
+            self.sync_quietly(Some(namespace))?; // saved on another machine since the last sync
+        }
         let mut w = ix.write_txn()?;
         let mut rec = ix
             .names
@@ -95,6 +112,17 @@ impl Store {
         ix.names.put(&mut w, &(namespace, name), &rec).ix(ix)?;
         w.commit().ix(ix)?;
         Ok(())
+    }
+
+    /// Bucket stores: sync the names of `namespace` (None: all) into the index; an unreachable bucket leaves
+    /// the index as it is (reads serve what this machine knows). Local stores: nothing.
+    pub(crate) fn sync_quietly(&self, namespace: Option<&str>) -> Result<()> {
+        let Some(remote) = &self.remote else { return Ok(()) };
+        match crate::remote::sync::sync(self, remote, namespace) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == crate::error::ErrorKind::RemoteUnavailable => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 

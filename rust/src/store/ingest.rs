@@ -3,7 +3,9 @@
 //! Contract: validates name and namespace; refuses a file whose layout differs from a `layout` the caller
 //! knows (empty slots excepted); writes skeleton, distinct blocks and manifest in one durable batch under the
 //! shared lock, then commits manifest, name, prefix and object rows in one LMDB transaction. A parent is
-//! lineage only: an unknown one is recorded as none.
+//! lineage only: an unknown one is recorded as none. A bucket store uploads under the bucket's shared lock
+//! and commits the name in the bucket (compare-and-swap, `remote/names.rs`) before the index commit, so a
+//! reader never sees a name whose objects are not all in the bucket.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -138,7 +140,7 @@ impl Store {
         // Ids are distinct unless the skeleton or the manifest equals a block (only by hash collision).
         let mut seen_items = HashSet::with_capacity(items.len());
         items.retain(|x| seen_items.insert(x.0));
-        let _lock = self.lock_shared()?;
+        let _lock = self.save_lock()?;
         let puts: HashMap<ObjectId, Put> =
             self.objects.put_many(&items, self.level)?.into_iter().map(|p| (p.id, p)).collect();
         let skeleton_put = puts[&skeleton_id];
@@ -165,14 +167,24 @@ impl Store {
             }
         }
 
+        // A bucket store: every object is in the bucket; now the name, by compare-and-swap.
+        let now = now_f64();
+        let mut record = NameRecord { manifest: mid, created: now, last_used: now, etag: None, displaced: Vec::new() };
+        if let Some(remote) = &self.remote {
+            let known = {
+                let r = ix.read_txn()?;
+                ix.names.get(&r, &(namespace, name)).ix(ix)?.map(|r| r.manifest)
+            };
+            let (rec, etag) = crate::remote::names::commit(&remote.bucket, namespace, name, mid, now, known)?;
+            record.etag = Some(etag);
+            record.displaced = rec.displaced;
+        }
+
         // One transaction: manifest, name, prefix and object rows.
         let chain = prefix_chain(namespace, &fid, &d.tokens, self.block_size);
-        let now = now_f64();
         let mut w = ix.write_txn()?;
         ix.manifests.put(&mut w, &mid, &json).ix(ix)?;
-        ix.names
-            .put(&mut w, &(namespace, name), &NameRecord { manifest: mid, created: now, last_used: now })
-            .ix(ix)?;
+        ix.names.put(&mut w, &(namespace, name), &record).ix(ix)?;
         for (k, h) in chain.iter().enumerate() {
             let covered = ((k as u64 + 1) * self.block_size as u64).min(u32::MAX as u64) as u32;
             ix.prefixes.put(&mut w, &(*h, mid), &covered).ix(ix)?;

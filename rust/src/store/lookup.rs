@@ -2,7 +2,8 @@
 //!
 //! Contract: only states of the same namespace and fingerprint id match (the prefix-key chain includes both);
 //! the deepest prefix key with a live manifest gives the candidates; the longest common prefix, then the
-//! newest, wins. Names removed since are skipped.
+//! newest, wins. Names removed since are skipped. A bucket store first syncs the namespace's names (at most
+//! once per `sync_interval`) and, on a miss, once more, so a state saved on another machine is found.
 
 use std::collections::HashMap;
 
@@ -40,6 +41,22 @@ impl Store {
     /// The live state with the longest common token prefix (at least one block) with `tokens`.
     pub fn lookup(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint) -> Result<Option<LookupHit>> {
         validate_name(namespace, "namespace")?;
+        let Some(remote) = &self.remote else { return self.lookup_local(tokens, namespace, fingerprint) };
+        let mut synced = false;
+        if !remote.synced_within(Some(namespace), remote.opts.sync_interval) {
+            self.sync_quietly(Some(namespace))?;
+            synced = true;
+        }
+        let hit = self.lookup_local(tokens, namespace, fingerprint)?;
+        if hit.is_some() || synced {
+            return Ok(hit);
+        }
+        self.sync_quietly(Some(namespace))?;
+        self.lookup_local(tokens, namespace, fingerprint)
+    }
+
+    /// `lookup` over the index as it is.
+    fn lookup_local(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint) -> Result<Option<LookupHit>> {
         let chain = prefix_chain(namespace, &fingerprint_id(fingerprint), tokens, self.block_size);
         if chain.is_empty() {
             return Ok(None);

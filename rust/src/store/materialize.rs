@@ -54,6 +54,8 @@ impl Store {
         want.push(skeleton_id);
         let mut seen = HashSet::new();
         want.retain(|id| seen.insert(*id));
+        // A bucket store fetches what its cache lacks in parallel (a local store: nothing).
+        self.objects.backend().prefetch(&want)?;
         let got: Vec<(ObjectId, Got)> = want
             .par_iter()
             .map(|id| self.objects.get(id).map(|g| (*id, g)))

@@ -13,6 +13,9 @@
 //! durable before the one LMDB write transaction that commits manifest, name, prefix and object rows. Ingest
 //! holds a shared flock on `<store>/lock` from its first object write to its commit; gc sweeps under the
 //! exclusive lock. This file: open, locks, and the reads every operation shares (names → manifests).
+//! A bucket store (`crate::remote`) is the same `Store` with `remote` set: objects go through the cached
+//! bucket backend, names are read from the bucket (falling back to the index when it is unreachable), a save
+//! takes the bucket's shared lock and commits its name there (compare-and-swap) before its index commit.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -26,6 +29,7 @@ use crate::id::ObjectId;
 use crate::index::{validate_name, HeedExt, Index, NameRecord};
 use crate::manifest::Manifest;
 use crate::objects::{ObjectError, ObjectStore};
+use crate::remote::Remote;
 
 mod catalog;
 mod ingest;
@@ -39,7 +43,7 @@ pub use ingest::IngestReport;
 pub use lookup::LookupHit;
 pub use materialize::{Loaded, MaterializeReport};
 pub use stats::Stats;
-pub use verify::VerifyReport;
+pub use verify::{VerifyReport, Where};
 
 /// The block size of a new store (tokens per block), chosen by measurement (docs/design.md "Block size").
 pub const DEFAULT_BLOCK_SIZE: u32 = 32;
@@ -53,6 +57,18 @@ pub struct Store {
     pub(crate) index: Arc<Index>,
     pub(crate) objects: ObjectStore,
     lock_path: PathBuf,
+    pub(crate) remote: Option<Arc<Remote>>,
+}
+
+/// Refuse a block size or zstd level out of range.
+pub(crate) fn check_params(block_size: u32, level: i32) -> Result<()> {
+    if block_size == 0 || block_size > 1 << 20 {
+        return Err(Error::Invalid(format!("block_size {block_size} is out of range 1..=1048576")));
+    }
+    if !zstd::compression_level_range().contains(&level) {
+        return Err(Error::Invalid(format!("zstd level {level} is out of range {:?}", zstd::compression_level_range())));
+    }
+    Ok(())
 }
 
 /// What to materialize.
@@ -85,23 +101,33 @@ impl Store {
     /// Open or create a store at `path`. `block_size` is recorded at creation; reopening uses the recorded
     /// value whatever is passed (see [`Store::block_size`]).
     pub fn open(path: &Path, block_size: u32, level: i32, map_size: usize) -> Result<Store> {
-        if block_size == 0 || block_size > 1 << 20 {
-            return Err(Error::Invalid(format!("block_size {block_size} is out of range 1..=1048576")));
-        }
-        if !zstd::compression_level_range().contains(&level) {
-            return Err(Error::Invalid(format!(
-                "zstd level {level} is out of range {:?}",
-                zstd::compression_level_range()
-            )));
-        }
+        check_params(block_size, level)?;
         std::fs::create_dir_all(path).map_err(|e| Error::io(path, e))?;
         let root = path.canonicalize().map_err(|e| Error::io(path, e))?;
         let objects = ObjectStore::local(root.join("objects"))?;
+        Store::assemble(root, objects, block_size, level, map_size, None)
+    }
+
+    /// A store over `objects` with its index and lock under `root` (a local store's directory, or a bucket
+    /// store's cache directory).
+    pub(crate) fn assemble(
+        root: PathBuf,
+        objects: ObjectStore,
+        block_size: u32,
+        level: i32,
+        map_size: usize,
+        remote: Option<Arc<Remote>>,
+    ) -> Result<Store> {
         let index = Index::open(&root.join("index"), map_size.max(1 << 20), block_size)?;
         let block_size = index.block_size()?;
         let lock_path = root.join("lock");
         File::options().create(true).append(true).open(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
-        Ok(Store { root, block_size, level, index, objects, lock_path })
+        Ok(Store { root, block_size, level, index, objects, lock_path, remote })
+    }
+
+    /// The bucket behind this store, if it is a bucket store.
+    pub fn remote(&self) -> Option<&Arc<Remote>> {
+        self.remote.as_ref()
     }
 
     pub fn path(&self) -> &Path {
@@ -153,9 +179,19 @@ impl Store {
 
     fn name_record(&self, r: &heed::RoTxn, namespace: &str, name: &str) -> Result<Option<(NameRecord, ObjectId)>> {
         let ix = &*self.index;
-        let Some(rec) = ix.names.get(r, &(namespace, name)).ix(ix)? else { return Ok(None) };
-        let id = rec.manifest;
-        Ok(Some((rec, id)))
+        let local = ix.names.get(r, &(namespace, name)).ix(ix)?;
+        if let Some(remote) = &self.remote {
+            if let Some(row) = crate::remote::names::row(&remote.bucket, namespace, name, local.as_ref())? {
+                return Ok(row.map(|rec| {
+                    let id = rec.manifest;
+                    (rec, id)
+                }));
+            }
+        }
+        Ok(local.map(|rec| {
+            let id = rec.manifest;
+            (rec, id)
+        }))
     }
 
     fn resolve(&self, target: &Target) -> Result<(ObjectId, Manifest)> {
@@ -183,6 +219,14 @@ impl Store {
         for (namespace, name, rec) in self.index.names_in(r, None)? {
             let id = rec.manifest;
             names.push((NameRef { namespace, name }, id));
+            // Manifests a lost race displaced (bucket stores) stay live; unreadable ones protect nothing.
+            for d in rec.displaced {
+                if !manifests.contains_key(&d) {
+                    if let Ok(m) = self.read_manifest(r, d) {
+                        manifests.insert(d, m.referenced());
+                    }
+                }
+            }
             if manifests.contains_key(&id) {
                 continue;
             }

@@ -21,6 +21,12 @@ pub struct Stats {
     pub compression_ratio: f64,
     pub total_ratio: f64,
     pub block_size: u32,
+    /// Bucket stores (None otherwise, or when the bucket is unreachable): objects and bytes in the bucket.
+    pub bucket_objects: Option<u64>,
+    pub bucket_bytes: Option<u64>,
+    /// Bucket stores: bytes in the local cache, and its bound (None: unbounded).
+    pub cache_bytes: Option<u64>,
+    pub cache_limit: Option<u64>,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -37,6 +43,7 @@ impl Store {
         struct Sizes {
             file_bytes: u64,
         }
+        self.sync_quietly(None)?;
         let ix = &*self.index;
         let r = ix.read_txn()?;
         let mut logical = 0u64;
@@ -56,6 +63,9 @@ impl Store {
             sizes.insert(id, n);
             logical += n;
         }
+        let bucket = self.remote.as_ref().and_then(|r| r.objects.list_meta().ok()).map(|l| {
+            (l.len() as u64, l.iter().map(|(_, m)| m.size).sum::<u64>())
+        });
         let (mut objects, mut raw, mut stored) = (0u64, 0u64, 0u64);
         for kv in ix.objects.iter(&r).ix(ix)? {
             let (_, row) = kv.ix(ix)?;
@@ -74,6 +84,10 @@ impl Store {
             compression_ratio: ratio(raw, stored),
             total_ratio: ratio(logical, stored),
             block_size: self.block_size,
+            bucket_objects: bucket.map(|b| b.0),
+            bucket_bytes: bucket.map(|b| b.1),
+            cache_bytes: self.remote.as_ref().map(|r| r.cache.used()),
+            cache_limit: self.remote.as_ref().and_then(|r| r.cache.limit()),
         })
     }
 }

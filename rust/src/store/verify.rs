@@ -1,5 +1,6 @@
 //! Verify: re-hash every object file; report corrupt ones, objects live states need but lack, and the names
 //! they hit. Read-only apart from quarantine (a corrupt object found is moved aside, like any read does).
+//! A bucket store checks the bucket, its local cache, or both (`Where`); objects a cache lacks are not missing.
 
 use std::collections::HashSet;
 
@@ -9,7 +10,28 @@ use serde::Serialize;
 use super::{NameRef, Store};
 use crate::error::Result;
 use crate::id::ObjectId;
-use crate::objects::ObjectError;
+use crate::error::Error;
+use crate::objects::{LocalDir, ObjectError, ObjectStore};
+
+/// Which copies `verify` checks (a local store has one: `Both`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Where {
+    Bucket,
+    Cache,
+    Both,
+}
+
+impl std::str::FromStr for Where {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Where> {
+        match s {
+            "bucket" => Ok(Where::Bucket),
+            "cache" => Ok(Where::Cache),
+            "both" => Ok(Where::Both),
+            _ => Err(Error::Invalid(format!("where={s:?}: expected 'bucket', 'cache' or 'both'"))),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct VerifyReport {
@@ -23,7 +45,57 @@ impl Store {
     /// Re-hash every object file; report corrupt ones, objects live states need but lack, and the names hit.
     /// `progress(done, total)` is called from this thread after each batch; an error from it aborts.
     pub fn verify(&self, progress: &mut dyn FnMut(usize, usize) -> Result<()>) -> Result<VerifyReport> {
-        let all = self.objects.backend().list()?;
+        self.verify_where(Where::Both, progress)
+    }
+
+    /// `verify` of the bucket's copies, the cache's, or both (bucket stores; a local store takes `Both` only).
+    pub fn verify_where(&self, place: Where, progress: &mut dyn FnMut(usize, usize) -> Result<()>) -> Result<VerifyReport> {
+        let Some(remote) = &self.remote else {
+            if place != Where::Both {
+                return Err(Error::Invalid("a local store has no bucket or cache to choose: verify checks its objects".into()));
+            }
+            return self.verify_objects(&self.objects, true, progress);
+        };
+        crate::remote::sync::sync(self, remote, None)?;
+        let cache = |progress: &mut dyn FnMut(usize, usize) -> Result<()>| -> Result<VerifyReport> {
+            let dir = LocalDir::new(remote.cache.dir.root().to_path_buf())?;
+            self.verify_objects(&ObjectStore::new(Box::new(dir)), false, progress)
+        };
+        let bucket = |progress: &mut dyn FnMut(usize, usize) -> Result<()>| {
+            self.verify_objects(&ObjectStore::new(Box::new(remote.objects.clone())), true, progress)
+        };
+        match place {
+            Where::Cache => cache(progress),
+            Where::Bucket => bucket(progress),
+            Where::Both => {
+                let c = cache(progress)?;
+                let mut b = bucket(progress)?;
+                b.objects_checked += c.objects_checked;
+                for id in c.corrupt {
+                    if !b.corrupt.contains(&id) {
+                        b.corrupt.push(id);
+                    }
+                }
+                for n in c.names_affected {
+                    if !b.names_affected.contains(&n) {
+                        b.names_affected.push(n);
+                    }
+                }
+                b.corrupt.sort();
+                b.names_affected.sort();
+                Ok(b)
+            }
+        }
+    }
+
+    /// Verify the objects of one backend; `check_missing`: report objects live states need but it lacks.
+    fn verify_objects(
+        &self,
+        objects: &ObjectStore,
+        check_missing: bool,
+        progress: &mut dyn FnMut(usize, usize) -> Result<()>,
+    ) -> Result<VerifyReport> {
+        let all = objects.backend().list()?;
         let total = all.len();
         let mut corrupt: Vec<ObjectId> = Vec::new();
         let mut present: HashSet<ObjectId> = HashSet::with_capacity(total);
@@ -32,7 +104,7 @@ impl Store {
         for chunk in all.chunks(64) {
             let bad: Vec<Option<ObjectId>> = chunk
                 .par_iter()
-                .map(|id| match self.objects.get(id) {
+                .map(|id| match objects.get(id) {
                     Ok(_) => Ok(None),
                     Err(ObjectError::Corrupt { .. }) => Ok(Some(*id)),
                     Err(ObjectError::Missing { .. }) => Ok(None), // deleted meanwhile (gc)
@@ -52,7 +124,7 @@ impl Store {
         for id in bad {
             if present.contains(&id) {
                 corrupt_set.insert(id);
-            } else {
+            } else if check_missing {
                 missing.insert(id);
             }
         }
@@ -62,7 +134,7 @@ impl Store {
             for id in refs.iter().chain(std::iter::once(mid)) {
                 if corrupt_set.contains(id) {
                     affected = true;
-                } else if !present.contains(id) && !self.objects.exists(id)? {
+                } else if check_missing && !present.contains(id) && !objects.exists(id)? {
                     missing.insert(*id);
                     affected = true;
                 }

@@ -1,0 +1,147 @@
+//! `Cached`, the `Backend` of a bucket store: the bucket behind the local cache (`cache.rs`).
+//!
+//! Contract: reads try the cache, then the bucket; bytes fetched from the bucket are kept only after they
+//! passed the hash check (`verified`), or by `prefetch` (parallel; a bad copy is caught and dropped at its
+//! read). A put goes to the bucket first, then to the cache, so a cached object was in the bucket. Dedup
+//! (`touch`) trusts the cache once it was revalidated, else asks the bucket (HEAD). A corrupt copy is
+//! quarantined where it was read: the cache's if it holds one, else the bucket's.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::backend::BucketObjects;
+use super::cache::Cache;
+use crate::id::ObjectId;
+use crate::objects::{Backend, ObjectError};
+
+thread_local! {
+    /// The object the last `get_into` on this thread fetched from the bucket (kept once verified).
+    static FROM_BUCKET: Cell<Option<ObjectId>> = const { Cell::new(None) };
+}
+
+/// A bucket behind the local cache.
+pub struct Cached {
+    pub cache: Arc<Cache>,
+    pub bucket: BucketObjects,
+}
+
+impl Backend for Cached {
+    fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError> {
+        self.bucket.put_file(id, encoded)?;
+        self.cache.keep(id, encoded);
+        Ok(())
+    }
+
+    fn put_files(
+        &self,
+        ids: &[ObjectId],
+        make: &(dyn Fn(usize) -> Result<Option<Vec<u8>>, ObjectError> + Sync),
+    ) -> Result<Vec<Option<u64>>, ObjectError> {
+        use rayon::prelude::*;
+        let encoded: Vec<Option<Vec<u8>>> = (0..ids.len()).into_par_iter().map(make).collect::<Result<_, _>>()?;
+        let items: Vec<(ObjectId, bytes::Bytes)> = ids
+            .iter()
+            .zip(&encoded)
+            .filter_map(|(id, e)| e.as_ref().map(|b| (*id, bytes::Bytes::copy_from_slice(b))))
+            .collect();
+        self.bucket.upload(items)?;
+        let fresh: Vec<usize> = (0..ids.len()).filter(|&i| encoded[i].is_some() && !self.cache.holds(&ids[i])).collect();
+        let fresh_ids: Vec<ObjectId> = fresh.iter().map(|&i| ids[i]).collect();
+        let put = self.cache.dir.put_files(&fresh_ids, &|k| Ok(encoded[fresh[k]].clone()));
+        if let Ok(sizes) = put {
+            self.cache.added(sizes.iter().flatten().sum());
+        }
+        Ok(encoded.iter().map(|e| e.as_ref().map(|b| b.len() as u64)).collect())
+    }
+
+    fn get(&self, id: &ObjectId) -> Result<Option<Vec<u8>>, ObjectError> {
+        let mut buf = Vec::new();
+        Ok(self.get_into(id, &mut buf)?.then_some(buf))
+    }
+
+    fn get_into(&self, id: &ObjectId, buf: &mut Vec<u8>) -> Result<bool, ObjectError> {
+        FROM_BUCKET.with(|c| c.set(None));
+        if self.cache.dir.get_into(id, buf)? {
+            let _ = self.cache.dir.touch(id); // least recently used = oldest mtime
+            return Ok(true);
+        }
+        match self.bucket.get(id)? {
+            Some(bytes) => {
+                *buf = bytes;
+                FROM_BUCKET.with(|c| c.set(Some(*id)));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn verified(&self, id: &ObjectId, encoded: &[u8]) {
+        if FROM_BUCKET.with(|c| c.take()) == Some(*id) {
+            self.cache.keep(id, encoded);
+        }
+    }
+
+    fn prefetch(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
+        let missing: Vec<ObjectId> = ids.iter().filter(|id| !self.cache.holds(id)).copied().collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        // Errors are left to the reads that follow (the cache may hold enough to serve).
+        if let Ok(got) = self.bucket.download(missing.clone()) {
+            for (id, bytes) in missing.iter().zip(got) {
+                if let Some(b) = bytes {
+                    self.cache.keep(id, &b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
+        Ok(self.cache.holds(id) || self.bucket.exists(id)?)
+    }
+
+    fn list(&self) -> Result<Vec<ObjectId>, ObjectError> {
+        self.bucket.list()
+    }
+
+    fn delete(&self, id: &ObjectId) -> Result<u64, ObjectError> {
+        let n = self.bucket.delete(id)?;
+        self.cache.forget(id);
+        Ok(n)
+    }
+
+    fn mtime(&self, id: &ObjectId) -> Result<Option<(SystemTime, u64)>, ObjectError> {
+        self.bucket.mtime(id)
+    }
+
+    /// Dedup at ingest: a cached object is in the bucket once the cache was revalidated for this gc
+    /// generation (the save's shared lock keeps a gc out until its name is committed); else a HEAD.
+    fn touch(&self, id: &ObjectId) -> Result<Option<u64>, ObjectError> {
+        if self.cache.trusted.load(Ordering::Acquire) {
+            if let Some(len) = self.cache.dir.touch(id)? {
+                return Ok(Some(len));
+            }
+        }
+        self.bucket.touch(id)
+    }
+
+    fn stale_temp(&self, grace: Duration) -> Result<usize, ObjectError> {
+        self.cache.dir.stale_temp(grace)
+    }
+
+    fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError> {
+        self.cache.dir.clean_temp(grace)
+    }
+
+    fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError> {
+        if self.cache.holds(id) {
+            self.cache.forget(id);
+            Ok(())
+        } else {
+            self.bucket.quarantine(id)
+        }
+    }
+}

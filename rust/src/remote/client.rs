@@ -1,0 +1,214 @@
+//! The bucket client: any `Arc<dyn ObjectStore>` (S3 from `s3.rs`, `InMemory` in unit tests) on a small tokio
+//! runtime owned here; every call blocks on it (the core's API is sync, Python releases the GIL). Keys are
+//! relative to the store's prefix. `RemoteError` and the one mapping from object_store's errors.
+//!
+//! Contract: NotFound reads are None; conditional puts: `put_create` (If-None-Match: *, false if the key
+//! exists) and `put_if_match` (If-Match: etag, None when another writer got there first); permission errors
+//! are `Denied`; every other failure (connection, timeout, 5xx after retries) is `Unavailable`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+
+use super::url::BucketUrl;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("bucket {url} is unreachable ({detail}); reads are served from the local cache where it holds the objects, saves fail until the bucket is back (check AWS_ENDPOINT_URL and the network)")]
+    Unavailable { url: String, detail: String },
+    #[error("bucket {url}: access denied ({detail}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")]
+    Denied { url: String, detail: String },
+    #[error("invalid store location {url:?}: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("{url}: {detail}")]
+    Locked { url: String, detail: String },
+    #[error("bucket {url}: {detail}")]
+    Invalid { url: String, detail: String },
+}
+
+impl RemoteError {
+    pub fn url(&self) -> &str {
+        match self {
+            RemoteError::Unavailable { url, .. }
+            | RemoteError::Denied { url, .. }
+            | RemoteError::BadUrl { url, .. }
+            | RemoteError::Locked { url, .. }
+            | RemoteError::Invalid { url, .. } => url,
+        }
+    }
+}
+
+/// What a listing or a head tells about one key.
+#[derive(Debug, Clone)]
+pub struct Meta {
+    /// Key relative to the store's prefix.
+    pub rel: String,
+    pub size: u64,
+    /// The bucket's LastModified (the bucket's clock, not ours).
+    pub modified: SystemTime,
+    pub etag: Option<String>,
+}
+
+pub struct Bucket {
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+    url: String,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Bucket {
+    /// A bucket over any object store (S3 from `s3::client`, `InMemory` in tests).
+    pub fn new(store: Arc<dyn ObjectStore>, url: &BucketUrl) -> Result<Bucket, RemoteError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kvstore-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| RemoteError::Invalid { url: url.display(), detail: format!("starting the I/O runtime: {e}") })?;
+        Ok(Bucket { store, prefix: url.prefix.clone(), url: url.display(), rt })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn path(&self, rel: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(rel)
+        } else {
+            Path::from(format!("{}/{rel}", self.prefix))
+        }
+    }
+
+    fn rel(&self, p: &Path) -> String {
+        let s = p.as_ref();
+        match self.prefix.is_empty() {
+            true => s.to_string(),
+            false => s.strip_prefix(&self.prefix).map(|r| r.trim_start_matches('/')).unwrap_or(s).to_string(),
+        }
+    }
+
+    fn meta(&self, m: ObjectMeta) -> Meta {
+        let ms = m.last_modified.timestamp_millis().max(0) as u64;
+        Meta { rel: self.rel(&m.location), size: m.size, modified: SystemTime::UNIX_EPOCH + Duration::from_millis(ms), etag: m.e_tag }
+    }
+
+    /// The one mapping of object_store errors (NotFound / AlreadyExists / Precondition are handled by callers).
+    pub fn err(&self, e: object_store::Error) -> RemoteError {
+        match e {
+            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+                RemoteError::Denied { url: self.url.clone(), detail: e.to_string() }
+            }
+            object_store::Error::NotFound { .. } => RemoteError::Invalid {
+                url: self.url.clone(),
+                detail: format!("not found ({e}); does the bucket exist?"),
+            },
+            e => RemoteError::Unavailable { url: self.url.clone(), detail: e.to_string() },
+        }
+    }
+
+    /// Run a future on the bucket's runtime (from any thread outside it).
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub async fn get_async(&self, rel: &str) -> Result<Option<(Bytes, Meta)>, RemoteError> {
+        match self.store.get(&self.path(rel)).await {
+            Ok(r) => {
+                let meta = self.meta(r.meta.clone());
+                let bytes = r.bytes().await.map_err(|e| self.err(e))?;
+                Ok(Some((bytes, meta)))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    pub fn get(&self, rel: &str) -> Result<Option<(Bytes, Meta)>, RemoteError> {
+        self.block_on(self.get_async(rel))
+    }
+
+    pub async fn head_async(&self, rel: &str) -> Result<Option<Meta>, RemoteError> {
+        match self.store.head(&self.path(rel)).await {
+            Ok(m) => Ok(Some(self.meta(m))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    pub fn head(&self, rel: &str) -> Result<Option<Meta>, RemoteError> {
+        self.block_on(self.head_async(rel))
+    }
+
+    /// Create `rel` unless it exists (If-None-Match: *). True if this call created it.
+    pub async fn put_create_async(&self, rel: &str, bytes: Bytes) -> Result<bool, RemoteError> {
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.store.put_opts(&self.path(rel), PutPayload::from_bytes(bytes), opts).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(false),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    pub fn put_create(&self, rel: &str, bytes: Bytes) -> Result<bool, RemoteError> {
+        self.block_on(self.put_create_async(rel, bytes))
+    }
+
+    /// Compare-and-swap: create (`etag` None) or replace the version with this ETag. Ok(None) when another
+    /// writer got there first (the caller re-reads); Ok(Some(new etag)) on success.
+    pub fn put_if_match(&self, rel: &str, bytes: Bytes, etag: Option<&str>) -> Result<Option<String>, RemoteError> {
+        let mode = match etag {
+            None => PutMode::Create,
+            Some(t) => PutMode::Update(UpdateVersion { e_tag: Some(t.to_string()), version: None }),
+        };
+        let opts = PutOptions { mode, ..Default::default() };
+        match self.block_on(self.store.put_opts(&self.path(rel), PutPayload::from_bytes(bytes), opts)) {
+            Ok(r) => Ok(Some(r.e_tag.unwrap_or_default())),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Unconditional write (lock files, whose keys are unique).
+    pub fn put(&self, rel: &str, bytes: Bytes) -> Result<(), RemoteError> {
+        self.block_on(self.store.put(&self.path(rel), PutPayload::from_bytes(bytes))).map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    /// Delete; absent is fine.
+    pub async fn delete_async(&self, rel: &str) -> Result<(), RemoteError> {
+        match self.store.delete(&self.path(rel)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    pub fn delete(&self, rel: &str) -> Result<(), RemoteError> {
+        self.block_on(self.delete_async(rel))
+    }
+
+    /// Every key under `rel_dir/` (recursive), with its metadata.
+    pub fn list(&self, rel_dir: &str) -> Result<Vec<Meta>, RemoteError> {
+        let p = self.path(rel_dir);
+        let metas: Vec<ObjectMeta> =
+            self.block_on(self.store.list(Some(&p)).try_collect()).map_err(|e| self.err(e))?;
+        Ok(metas.into_iter().map(|m| self.meta(m)).collect())
+    }
+
+    /// Run `f(item)` for every item with at most `limit` requests in flight; results in input order.
+    pub fn run_all<'a, T, R, F, Fut>(&'a self, items: Vec<T>, limit: usize, f: F) -> Result<Vec<R>, RemoteError>
+    where
+        F: Fn(T) -> Fut,
+        Fut: Future<Output = Result<R, RemoteError>> + 'a,
+    {
+        self.block_on(futures::stream::iter(items.into_iter().map(f)).buffered(limit.max(1)).try_collect())
+    }
+}

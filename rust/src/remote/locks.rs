@@ -1,0 +1,179 @@
+//! Lock files in the bucket (restic's model): `<prefix>/locks/<kind>-<random>`, and the gc generation
+//! counter `<prefix>/gc-generation`.
+//!
+//! Contract: a save holds a *shared* lock from its first upload to its name commit; gc holds the *exclusive*
+//! lock while it marks and deletes. Taking a lock = write it, then list `locks/`: a saver that sees a live
+//! exclusive lock removes its own, backs off and retries until `wait` is spent (then `Locked`); a gc that
+//! sees another live exclusive lock removes its own and refuses at once (`Locked`: two gcs never run; in a
+//! true tie both refuse), and one that sees live shared locks keeps its own (new saves back off) and waits
+//! up to `wait` for them to go. Age is measured against the bucket's LastModified of the lock just written,
+//! so machine clocks do not matter; a lock older than `stale` is ignored (a crashed holder), and gc removes it.
+//! A lock is removed when its guard drops. The generation is bumped (CAS) by every gc before it deletes.
+//! `Store::save_lock` is what an ingest holds: the local flock, and for a bucket store the bucket's shared lock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+
+use super::client::{Bucket, Meta, RemoteError};
+use crate::error::Result as StoreResult;
+use crate::store::Store;
+use crate::objects::atomic::random_suffix;
+
+pub const GENERATION_KEY: &str = "gc-generation";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Shared,
+    Exclusive,
+}
+
+impl Kind {
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::Shared => "shared",
+            Kind::Exclusive => "exclusive",
+        }
+    }
+}
+
+/// A held lock; removed from the bucket on drop.
+pub struct LockGuard {
+    bucket: Arc<Bucket>,
+    key: String,
+    /// The bucket's clock when the lock was written.
+    pub written: SystemTime,
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let _ = self.bucket.delete(&self.key);
+    }
+}
+
+fn age(now: SystemTime, m: &Meta) -> Duration {
+    now.duration_since(m.modified).unwrap_or(Duration::ZERO)
+}
+
+/// Write a lock of `kind` and return it with the other locks' (key, kind, live).
+fn write_and_list(bucket: &Arc<Bucket>, kind: Kind, stale: Duration) -> Result<(LockGuard, Vec<(Meta, Kind, bool)>), RemoteError> {
+    let key = format!("locks/{}-{}", kind.tag(), random_suffix());
+    let body = serde_json::json!({"kind": kind.tag(), "pid": std::process::id(),
+        "host": std::env::var("HOSTNAME").unwrap_or_default()});
+    bucket.put(&key, Bytes::from(body.to_string()))?;
+    let mut guard = LockGuard { bucket: bucket.clone(), key: key.clone(), written: SystemTime::now() };
+    let mut others = Vec::new();
+    for m in bucket.list("locks")? {
+        if m.rel == key {
+            guard.written = m.modified;
+            continue;
+        }
+        let name = m.rel.rsplit('/').next().unwrap_or("");
+        let k = if name.starts_with("exclusive-") { Kind::Exclusive } else { Kind::Shared };
+        others.push((m, k, true));
+    }
+    for o in &mut others {
+        o.2 = age(guard.written, &o.0) <= stale;
+    }
+    Ok((guard, others))
+}
+
+/// A save's shared lock: waits (backing off) while a gc holds the exclusive one, at most `wait`.
+pub fn shared(bucket: &Arc<Bucket>, stale: Duration, wait: Duration) -> Result<LockGuard, RemoteError> {
+    let t0 = Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let (guard, others) = write_and_list(bucket, Kind::Shared, stale)?;
+        if !others.iter().any(|(_, k, live)| *k == Kind::Exclusive && *live) {
+            return Ok(guard);
+        }
+        drop(guard);
+        if t0.elapsed() + pause > wait {
+            return Err(RemoteError::Locked {
+                url: bucket.url().into(),
+                detail: format!(
+                    "a gc holds the store's exclusive lock for more than {:.0} s; nothing was saved, try again later",
+                    wait.as_secs_f64()
+                ),
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// gc's exclusive lock: refuses if another gc holds one; waits at most `wait` for saves in flight.
+pub fn exclusive(bucket: &Arc<Bucket>, stale: Duration, wait: Duration) -> Result<LockGuard, RemoteError> {
+    let t0 = Instant::now();
+    let (guard, others) = write_and_list(bucket, Kind::Exclusive, stale)?;
+    let locked = |detail: String| RemoteError::Locked { url: bucket.url().into(), detail };
+    for (m, k, live) in &others {
+        if !live {
+            let _ = bucket.delete(&m.rel); // a crashed holder's
+        } else if *k == Kind::Exclusive {
+            let a = age(guard.written, m).as_secs();
+            drop(guard);
+            return Err(locked(format!("another gc is running (lock {}, taken {a} s ago); this gc refused", m.rel)));
+        }
+    }
+    let mut pending: Vec<String> =
+        others.iter().filter(|(_, k, live)| *k == Kind::Shared && *live).map(|(m, _, _)| m.rel.clone()).collect();
+    while !pending.is_empty() {
+        if t0.elapsed() > wait {
+            drop(guard);
+            return Err(locked(format!(
+                "{} save(s) in flight held the lock for more than {:.0} s; gc refused, try again",
+                pending.len(),
+                wait.as_secs_f64()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let keys: Vec<String> = bucket.list("locks")?.into_iter().map(|m| m.rel).collect();
+        pending.retain(|k| keys.contains(k));
+    }
+    Ok(guard)
+}
+
+/// The gc generation (0 before the first gc).
+pub fn generation(bucket: &Bucket) -> Result<(u64, Option<String>), RemoteError> {
+    match bucket.get(GENERATION_KEY)? {
+        None => Ok((0, None)),
+        Some((b, m)) => {
+            let n = std::str::from_utf8(&b).ok().and_then(|s| s.trim().parse().ok()).ok_or_else(|| {
+                RemoteError::Invalid { url: bucket.url().into(), detail: format!("{GENERATION_KEY} is not a number") }
+            })?;
+            Ok((n, m.etag))
+        }
+    }
+}
+
+/// Bump the generation (CAS); returns the new value.
+pub fn bump_generation(bucket: &Bucket) -> Result<u64, RemoteError> {
+    for _ in 0..16 {
+        let (n, etag) = generation(bucket)?;
+        if bucket.put_if_match(GENERATION_KEY, Bytes::from((n + 1).to_string()), etag.as_deref())?.is_some() {
+            return Ok(n + 1);
+        }
+    }
+    Err(RemoteError::Invalid { url: bucket.url().into(), detail: format!("{GENERATION_KEY} kept changing") })
+}
+
+/// What a save holds from its first object write to its commit.
+pub(crate) enum SaveLock {
+    #[allow(dead_code)] // held for its Drop
+    Local(std::fs::File),
+    #[allow(dead_code)]
+    Remote(LockGuard, std::fs::File),
+}
+
+impl Store {
+    /// A save's lock: the local shared flock, and for a bucket store the bucket's shared lock.
+    pub(crate) fn save_lock(&self) -> StoreResult<SaveLock> {
+        let local = self.lock_shared()?;
+        match self.remote() {
+            None => Ok(SaveLock::Local(local)),
+            Some(r) => Ok(SaveLock::Remote(r.save_lock()?, local)),
+        }
+    }
+}

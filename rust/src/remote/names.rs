@@ -1,0 +1,165 @@
+//! Name records in the bucket: `<prefix>/names/h<hex(namespace)>/h<hex(name)>`, JSON
+//! `{"manifest": hex, "created": unix s, "displaced": [hex, ..]}` (hex keeps any name a safe key).
+//!
+//! Contract: a record changes only by a conditional write — create-if-absent for a new name, If-Match on the
+//! ETag read for an update. Policy on a race (decided in docs/design.md "Remote store"): the later save wins,
+//! and a manifest that the saver did not know it replaced (another machine committed it since this machine
+//! last saw the name) is kept in `displaced` (newest first, at most `MAX_DISPLACED`), so gc keeps its objects
+//! and `get` shows it: nothing is lost silently. A lost CAS re-reads and retries (bounded).
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::client::{Bucket, Meta, RemoteError};
+use crate::id::{hex, ObjectId};
+use crate::index::NameRecord;
+
+pub const MAX_DISPLACED: usize = 8;
+const MAX_ATTEMPTS: usize = 16;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RemoteName {
+    pub manifest: ObjectId,
+    pub created: f64,
+    #[serde(default)]
+    pub displaced: Vec<ObjectId>,
+}
+
+fn seg(s: &str) -> String {
+    format!("h{}", hex(s.as_bytes()))
+}
+
+fn unseg(s: &str) -> Option<String> {
+    let h = s.strip_prefix('h')?;
+    if h.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).ok()).collect();
+    String::from_utf8(bytes?).ok()
+}
+
+pub fn name_key(namespace: &str, name: &str) -> String {
+    format!("names/{}/{}", seg(namespace), seg(name))
+}
+
+/// A listed name: (namespace, name, etag of its record).
+pub type Listed = (String, String, Option<String>);
+
+/// Names in the bucket (of one namespace, or all), from one listing (no record reads).
+pub fn list(bucket: &Bucket, namespace: Option<&str>) -> Result<Vec<Listed>, RemoteError> {
+    let dir = match namespace {
+        Some(ns) => format!("names/{}", seg(ns)),
+        None => "names".to_string(),
+    };
+    let mut out = Vec::new();
+    for Meta { rel, etag, .. } in bucket.list(&dir)? {
+        let mut parts = rel.split('/').skip(1);
+        if let (Some(ns), Some(name), None) = (parts.next(), parts.next(), parts.next()) {
+            if let (Some(ns), Some(name)) = (unseg(ns), unseg(name)) {
+                out.push((ns, name, etag));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn parse(bucket: &Bucket, key: &str, bytes: &[u8]) -> Result<RemoteName, RemoteError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| RemoteError::Invalid { url: bucket.url().into(), detail: format!("name record {key}: {e}") })
+}
+
+/// The record and its ETag, or None.
+pub fn read(bucket: &Bucket, namespace: &str, name: &str) -> Result<Option<(RemoteName, String)>, RemoteError> {
+    let key = name_key(namespace, name);
+    match bucket.get(&key)? {
+        None => Ok(None),
+        Some((bytes, meta)) => Ok(Some((parse(bucket, &key, &bytes)?, meta.etag.unwrap_or_default()))),
+    }
+}
+
+pub async fn read_async(bucket: &Bucket, namespace: &str, name: &str) -> Result<Option<(RemoteName, String)>, RemoteError> {
+    let key = name_key(namespace, name);
+    match bucket.get_async(&key).await? {
+        None => Ok(None),
+        Some((bytes, meta)) => Ok(Some((parse(bucket, &key, &bytes)?, meta.etag.unwrap_or_default()))),
+    }
+}
+
+/// A store's view of a name: the bucket's record as an index row (keeping this machine's `last_used` when
+/// the manifest is the one it knows). Some(None): no such name. None: the bucket is unreachable and `local`
+/// (what this machine knows) serves; a name it never saw is an error then, not "not found".
+pub fn row(
+    bucket: &Bucket,
+    namespace: &str,
+    name: &str,
+    local: Option<&NameRecord>,
+) -> Result<Option<Option<NameRecord>>, RemoteError> {
+    match read(bucket, namespace, name) {
+        Ok(None) => Ok(Some(None)),
+        Ok(Some((rec, etag))) => {
+            let last_used = local.filter(|l| l.manifest == rec.manifest).map_or(rec.created, |l| l.last_used);
+            let (manifest, created, displaced) = (rec.manifest, rec.created, rec.displaced);
+            Ok(Some(Some(NameRecord { manifest, created, last_used, etag: Some(etag), displaced })))
+        }
+        Err(e @ RemoteError::Unavailable { .. }) if local.is_none() => Err(e),
+        Err(RemoteError::Unavailable { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Point (namespace, name) at `manifest`. `known` is the manifest this machine last saw under the name (its
+/// index row), None if it knew none. Returns the committed record and its ETag.
+pub fn commit(
+    bucket: &Bucket,
+    namespace: &str,
+    name: &str,
+    manifest: ObjectId,
+    created: f64,
+    known: Option<ObjectId>,
+) -> Result<(RemoteName, String), RemoteError> {
+    let key = name_key(namespace, name);
+    for _ in 0..MAX_ATTEMPTS {
+        let current = read(bucket, namespace, name)?;
+        let mut displaced = current.as_ref().map(|c| c.0.displaced.clone()).unwrap_or_default();
+        if let Some((cur, _)) = &current {
+            // Another machine's commit this one never saw: keep it reachable.
+            if Some(cur.manifest) != known && cur.manifest != manifest && !displaced.contains(&cur.manifest) {
+                displaced.insert(0, cur.manifest);
+            }
+        }
+        displaced.retain(|m| *m != manifest);
+        displaced.truncate(MAX_DISPLACED);
+        let rec = RemoteName { manifest, created, displaced };
+        let body = Bytes::from(serde_json::to_vec(&rec).expect("name record serializes"));
+        if let Some(etag) = bucket.put_if_match(&key, body, current.as_ref().map(|c| c.1.as_str()))? {
+            return Ok((rec, etag));
+        }
+    }
+    Err(RemoteError::Invalid {
+        url: bucket.url().into(),
+        detail: format!("name record {key} changed {MAX_ATTEMPTS} times while this save tried to commit; try again"),
+    })
+}
+
+/// Forget a name in the bucket. True if it existed.
+pub fn remove(bucket: &Bucket, namespace: &str, name: &str) -> Result<bool, RemoteError> {
+    let key = name_key(namespace, name);
+    let existed = bucket.head(&key)?.is_some();
+    bucket.delete(&key)?;
+    Ok(existed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        for s in ["", "a", "user 42", "日本"] {
+            assert_eq!(unseg(&seg(s)).as_deref(), Some(s));
+        }
+        assert_eq!(name_key("", "ab"), "names/h/h6162");
+        assert!(unseg("x00").is_none() && unseg("h0").is_none());
+    }
+}

@@ -1,0 +1,73 @@
+//! The S3 client of a bucket store, configured from the standard AWS environment variables.
+//!
+//! Contract: `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`; none: AWS itself), `AWS_REGION` (or
+//! `AWS_DEFAULT_REGION`; default us-east-1), `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`);
+//! no credentials → unsigned (anonymous) requests and no instance-metadata lookup. Plain HTTP only to a loopback
+//! endpoint or with `AWS_ALLOW_HTTP=true`. Timeouts and retries are bounded (connect 2 s, request 30 s —
+//! `KVSTORE_S3_TIMEOUT` seconds overrides it — 2 retries within 10 s), so a dead endpoint is
+//! `RemoteError::Unavailable` in seconds, never a hang. Conditional puts on ETag are enabled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+
+use super::client::{Bucket, RemoteError};
+use super::url::BucketUrl;
+
+/// The S3 client for `url`, configured from the AWS environment variables.
+pub fn client(url: &BucketUrl) -> Result<Bucket, RemoteError> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let bad = |reason: String| RemoteError::BadUrl { url: url.display(), reason };
+    let endpoint = env("AWS_ENDPOINT_URL_S3").or_else(|| env("AWS_ENDPOINT_URL"));
+    let allow_env = env("AWS_ALLOW_HTTP").is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let mut allow_http = false;
+    if let Some(ep) = &endpoint {
+        if let Some(rest) = ep.strip_prefix("http://") {
+            let host = rest.split('/').next().unwrap_or("");
+            let host = host.rsplit_once(':').map_or(host, |(h, _)| h).trim_matches(['[', ']']);
+            let loopback = host == "localhost"
+                || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+            if !loopback && !allow_env {
+                return Err(bad(format!(
+                    "AWS_ENDPOINT_URL {ep} is plain HTTP on a non-loopback host; use https, or set AWS_ALLOW_HTTP=true"
+                )));
+            }
+            allow_http = true;
+        } else if !ep.starts_with("https://") {
+            return Err(bad(format!("AWS_ENDPOINT_URL {ep} must start with http:// or https://")));
+        }
+    }
+    let timeout = env("KVSTORE_S3_TIMEOUT").and_then(|v| v.parse::<f64>().ok()).unwrap_or(30.0);
+    let options = ClientOptions::new()
+        .with_allow_http(allow_http)
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs_f64(timeout.max(0.1)));
+    let retry = RetryConfig {
+        backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(2), base: 2.0 },
+        max_retries: 2,
+        retry_timeout: Duration::from_secs(10),
+    };
+    let mut b = AmazonS3Builder::new()
+        .with_bucket_name(&url.bucket)
+        .with_region(env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")).unwrap_or_else(|| "us-east-1".into()))
+        .with_client_options(options)
+        .with_retry(retry)
+        .with_conditional_put(S3ConditionalPut::ETagMatch);
+    if let Some(ep) = endpoint {
+        b = b.with_endpoint(ep);
+    }
+    match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+        (Some(k), Some(s)) => {
+            b = b.with_access_key_id(k).with_secret_access_key(s);
+            if let Some(t) = env("AWS_SESSION_TOKEN") {
+                b = b.with_token(t);
+            }
+        }
+        // Anonymous: no signature (and no instance-metadata lookup, which would stall outside a cloud).
+        _ => b = b.with_skip_signature(true),
+    }
+    let store = b.build().map_err(|e| bad(e.to_string()))?;
+    Bucket::new(Arc::new(store), url)
+}

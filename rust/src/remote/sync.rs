@@ -1,0 +1,173 @@
+//! The local index brought up to date from the bucket; `reindex` rebuilds it from nothing.
+//!
+//! Contract: `sync(namespace)` lists the bucket's names (of one namespace, or all), reads the records whose
+//! ETag differs from the index row's (16 in flight), fetches the manifests the index lacks (through the
+//! cache), and in one write transaction puts name rows (keeping `last_used` when the manifest is unchanged),
+//! manifest rows and prefix keys (recomputed per namespace), and drops rows of names gone from the bucket.
+//! The index is only a cache of the bucket: `reindex` clears names, manifests, prefixes and object rows,
+//! then syncs everything. Object rows (sizes) come only from this machine's saves.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::names::{self, RemoteName};
+use super::Remote;
+use crate::error::Result;
+use crate::id::ObjectId;
+use crate::index::{HeedExt, NameRecord};
+use crate::manifest::Manifest;
+use crate::prefix::prefix_chain;
+use crate::store::Store;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SyncReport {
+    /// Names in the bucket (in the scope synced).
+    pub names: usize,
+    /// Name rows written (new or changed in the bucket).
+    pub updated: usize,
+    /// Name rows dropped (gone from the bucket).
+    pub removed: usize,
+    /// Manifests read from the bucket (or the cache) into the index.
+    pub manifests_fetched: usize,
+    pub elapsed_s: f64,
+}
+
+type Fetched = (String, String, Option<(RemoteName, String)>);
+
+/// Bring the index up to date with the bucket's names (of `namespace`, or all).
+pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<SyncReport> {
+    let t0 = Instant::now();
+    let bucket = &*remote.bucket;
+    let listed = names::list(bucket, namespace)?;
+    let ix = store.index();
+    let local: HashMap<(String, String), NameRecord> = {
+        let r = ix.read_txn()?;
+        ix.names_in(&r, namespace)?.into_iter().map(|(ns, n, rec)| ((ns, n), rec)).collect()
+    };
+    let todo: Vec<(String, String)> = listed
+        .iter()
+        .filter(|(ns, n, etag)| {
+            local.get(&(ns.clone(), n.clone())).is_none_or(|rec| etag.is_none() || rec.etag != *etag)
+        })
+        .map(|(ns, n, _)| (ns.clone(), n.clone()))
+        .collect();
+    let fetched: Vec<Fetched> = bucket.run_all(todo, super::backend::PARALLEL, |(ns, n)| async move {
+        let rec = names::read_async(bucket, &ns, &n).await?;
+        Ok((ns, n, rec))
+    })?;
+
+    // Manifests the index lacks: fetched in parallel through the cache, each verified.
+    let known: HashSet<ObjectId> = {
+        let r = ix.read_txn()?;
+        let mut k = HashSet::new();
+        for (_, _, rec) in &fetched {
+            if let Some((rec, _)) = rec {
+                if ix.manifests.get(&r, &rec.manifest).ix(ix)?.is_some() {
+                    k.insert(rec.manifest);
+                }
+            }
+        }
+        k
+    };
+    let need: Vec<ObjectId> = fetched
+        .iter()
+        .filter_map(|f| f.2.as_ref().map(|r| r.0.manifest))
+        .filter(|id| !known.contains(id))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    store.objects().backend().prefetch(&need)?;
+    let mut manifests: HashMap<ObjectId, (Manifest, Vec<u8>)> = HashMap::new();
+    for id in &need {
+        let got = store.objects().get(id)?;
+        let m = Manifest::from_json(*id, &got.bytes)?;
+        manifests.insert(*id, (m, got.bytes));
+    }
+
+    let mut report = SyncReport { names: listed.len(), manifests_fetched: need.len(), ..Default::default() };
+    let listed_set: HashSet<(&str, &str)> = listed.iter().map(|(ns, n, _)| (ns.as_str(), n.as_str())).collect();
+    let mut w = ix.write_txn()?;
+    for (ns, n, rec) in &fetched {
+        let Some((rec, etag)) = rec else {
+            report.removed += ix.names.delete(&mut w, &(ns.as_str(), n.as_str())).ix(ix)? as usize;
+            continue;
+        };
+        let prev = local.get(&(ns.clone(), n.clone()));
+        let last_used = prev.filter(|p| p.manifest == rec.manifest).map_or(rec.created, |p| p.last_used);
+        let row = NameRecord {
+            manifest: rec.manifest,
+            created: rec.created,
+            last_used,
+            etag: Some(etag.clone()),
+            displaced: rec.displaced.clone(),
+        };
+        ix.names.put(&mut w, &(ns.as_str(), n.as_str()), &row).ix(ix)?;
+        report.updated += 1;
+        let m = match manifests.get(&rec.manifest) {
+            Some((m, json)) => {
+                ix.manifests.put(&mut w, &rec.manifest, json).ix(ix)?;
+                m.clone()
+            }
+            None => match ix.manifests.get(&w, &rec.manifest).ix(ix)? {
+                Some(json) => Manifest::from_json(rec.manifest, json)?,
+                None => continue,
+            },
+        };
+        put_prefixes(store, &mut w, ns, rec.manifest, &m)?;
+    }
+    for (ns, n) in local.keys() {
+        if !listed_set.contains(&(ns.as_str(), n.as_str())) {
+            report.removed += ix.names.delete(&mut w, &(ns.as_str(), n.as_str())).ix(ix)? as usize;
+        }
+    }
+    w.commit().ix(ix)?;
+    remote.note_synced(namespace);
+    report.elapsed_s = t0.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The prefix keys of manifest `mid` in `namespace` (the same rows an ingest writes).
+fn put_prefixes(store: &Store, w: &mut heed::RwTxn, namespace: &str, mid: ObjectId, m: &Manifest) -> Result<()> {
+    let ix = store.index();
+    let Ok(fid) = m.fingerprint_id.parse::<ObjectId>() else { return Ok(()) };
+    let b = store.block_size();
+    for (k, h) in prefix_chain(namespace, &fid.0, &m.tokens, b).iter().enumerate() {
+        let covered = ((k as u64 + 1) * b as u64).min(u32::MAX as u64) as u32;
+        ix.prefixes.put(w, &(*h, mid), &covered).ix(ix)?;
+    }
+    Ok(())
+}
+
+/// Rebuild the index from the bucket: clear it, then sync every namespace.
+pub fn reindex(store: &Store, remote: &Remote) -> Result<SyncReport> {
+    let ix = store.index();
+    let mut w = ix.write_txn()?;
+    ix.names.clear(&mut w).ix(ix)?;
+    ix.manifests.clear(&mut w).ix(ix)?;
+    ix.prefixes.clear(&mut w).ix(ix)?;
+    ix.objects.clear(&mut w).ix(ix)?;
+    w.commit().ix(ix)?;
+    remote.forget_syncs();
+    sync(store, remote, None)
+}
+
+/// `sync` of a store, refused for a local one.
+pub fn sync_store(store: &Store, namespace: Option<&str>) -> Result<SyncReport> {
+    if let Some(ns) = namespace {
+        crate::index::validate_name(ns, "namespace")?;
+    }
+    sync(store, bucket_store(store, "sync")?, namespace)
+}
+
+/// `reindex` of a store, refused for a local one.
+pub fn reindex_store(store: &Store) -> Result<SyncReport> {
+    reindex(store, bucket_store(store, "reindex")?)
+}
+
+fn bucket_store<'a>(store: &'a Store, what: &str) -> Result<&'a Remote> {
+    store.remote().map(|r| &**r).ok_or_else(|| {
+        crate::error::Error::Invalid(format!("{what} is for a bucket store (s3://...); {} is local", store.path().display()))
+    })
+}

