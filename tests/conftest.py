@@ -264,9 +264,6 @@ def copy_state(src: Path, dst: Path) -> Path:
 # a real S3 server (SeaweedFS, tests/seaweed.py) for stores in a bucket
 
 S3_BUCKET = "kvstore-test"
-# The compiled core's S3 store (branch `s3`): until it is merged the S3 tests are skipped, saying so.
-S3_CORE = hasattr(__import__("kvstore.errors").errors, "RemoteUnavailable")
-needs_s3_core = pytest.mark.skipif(not S3_CORE, reason="the S3 store of the compiled core (branch s3) is not merged yet")
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from typing import Optional
 
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 START_TIMEOUT = 90.0  # seconds until the S3 port must answer (several seconds on an idle machine)
+PROBE_BUCKET = "ready-probe"  # start() writes and reads an object here until the server really serves
 GRPC_OFFSET = 10000  # weed derives a gRPC port as port + 10000 where none is given: keep those free too
 
 
@@ -133,16 +134,25 @@ class SeaweedFS:
         return self
 
     def _wait_ready(self, deadline: float) -> None:
-        """Until the S3 API lists buckets (its port alone can be open before the filer answers)."""
+        """Until an object can be written and read back: the S3 port answers before the filer does, and after a
+        restart listings work before the volume server has re-registered its volumes (reads are 500s till then)."""
         last = "no answer"
+        probe = f"{self.endpoint}/{PROBE_BUCKET}/probe"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"SeaweedFS exited with status {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.endpoint + "/", timeout=2) as r:
-                    if r.status == 200:
+                for req in (urllib.request.Request(f"{self.endpoint}/{PROBE_BUCKET}", method="PUT", data=b""),
+                            urllib.request.Request(probe, method="PUT", data=b"ready")):
+                    try:
+                        urllib.request.urlopen(req, timeout=5).read()
+                    except urllib.error.HTTPError as e:
+                        if e.code != 409:  # the probe bucket exists already
+                            raise
+                with urllib.request.urlopen(probe, timeout=5) as r:
+                    if r.read() == b"ready":
                         return
-                    last = f"HTTP {r.status}"
+                    last = "probe read back wrong"
             except urllib.error.HTTPError as e:
                 last = f"HTTP {e.code}"
             except OSError as e:

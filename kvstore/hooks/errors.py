@@ -4,9 +4,7 @@ Each maps to one HTTP status in `middleware.py`; the store's exceptions (`kvstor
 """
 from __future__ import annotations
 
-from typing import Optional
-
-from kvstore import errors as _store_errors
+from kvstore.errors import GcLocked, RemoteUnavailable  # noqa: F401 - re-exported for the table in middleware.py
 
 from .slot import QueueFull  # noqa: F401 - re-exported: every slot is busy and the wait queue is full (503)
 
@@ -57,17 +55,10 @@ class UpstreamReply(Exception):
         self.body = body
 
 
-# An S3 store's bucket is unreachable or refusing (`kvstore.errors.RemoteUnavailable`, raised by the compiled core
-# within a bounded time): 503 + Retry-After; the local cache keeps serving what it holds.
-RemoteUnavailable: Optional[type] = getattr(_store_errors, "RemoteUnavailable", None)
-# A bucket store's gc held its lock longer than a save waits: transient, 503 as well.
-GcLocked: Optional[type] = getattr(_store_errors, "GcLocked", None)
-
-
 def remote_unavailable(e: BaseException) -> bool:
-    """Did this fail because the store's bucket could not be reached (directly, or as the cause of e)?"""
-    if RemoteUnavailable is None:
-        return False
+    """Did this fail because an S3 store's bucket could not be reached (`RemoteUnavailable`, raised by the core
+    within a bounded time), directly or as the cause of `e`? Such failures are 503s; the local cache keeps serving
+    what it holds."""
     return isinstance(e, RemoteUnavailable) or isinstance(e.__cause__, RemoteUnavailable)
 
 

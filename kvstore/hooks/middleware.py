@@ -37,7 +37,7 @@ from .errors import (BadRequest, Forbidden, GcLocked, NotFound, QueueFull, Remot
 log = logging.getLogger("kvstore.hooks")
 
 # (exception class, status, error type, extra headers), first match wins: subclasses before their bases.
-STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = tuple(row for row in (  # type: ignore[misc]
+STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = (
     (BadRequest, 400, "invalid_request_error", None),
     (InvalidName, 400, "invalid_request_error", None),
     (NotFound, 404, "not_found_error", None),
@@ -54,7 +54,7 @@ STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = tuple(row for row 
     (FingerprintMismatch, 409, "conflict_error", None),
     (StoreFull, 507, "store_full_error", None),
     (KvStoreError, 500, "store_error", None),
-) if row[0] is not None)
+)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", headers: Optional[dict] = None
@@ -70,7 +70,7 @@ def reply_for(e: BaseException) -> Optional[web.Response]:
         if isinstance(e, cls):
             if status >= 500 and status != 503 and not isinstance(e, UpstreamError):
                 log.error("%s %s", type(e).__name__, e)
-            elif RemoteUnavailable is not None and isinstance(e, RemoteUnavailable):
+            elif isinstance(e, RemoteUnavailable):
                 log.warning("store unavailable: %s", e)
             return error(status, error_message(e), kind, headers=headers)
     return None
