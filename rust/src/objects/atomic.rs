@@ -1,6 +1,7 @@
 //! Atomic file writes, the one home for them (objects and materialized slot files): a temp file beside the
 //! target, fsync, rename, fsync the directory; any failure removes the temp file, so readers see all of a
-//! file or nothing. `durable = false` skips the fsyncs (a materialized file that is consumed at once).
+//! file or nothing. `durable = false` skips the fsyncs (a materialized file that is consumed at once, a cache).
+//! `touch_now` refreshes a file's mtime (the time gc's grace period counts from).
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -153,4 +154,17 @@ pub fn write_batch(
         return Err(e);
     }
     Ok(slots.into_iter().map(|s| s.map(|(_, len)| len)).collect())
+}
+
+/// mtime := now, also on read-only files we own (utimensat), unlike opening for write.
+pub fn touch_now(p: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: valid NUL-terminated path; a null `times` means "now" for both atime and mtime.
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }

@@ -1,24 +1,30 @@
 //! `LocalDir`, the local-directory backend: `<root>/xx/<64 hex>`, temp files `<root>/xx/.tmp-<random>`
 //! beside their target (written through `atomic.rs`), corrupt objects moved to `<root>/.quarantine/`.
+//! `volatile` (a bucket store's cache: the bucket has every object, and every read re-hashes) skips the fsyncs.
 
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::atomic::{atomic_write, fsync_dir, random_suffix, write_batch};
+use super::atomic::{atomic_write, fsync_dir, random_suffix, touch_now, write_batch};
 use super::{Backend, ObjectError, TEMP_PREFIX};
 use crate::id::ObjectId;
 
 pub struct LocalDir {
     root: PathBuf,
+    durable: bool,
 }
 
 impl LocalDir {
     pub fn new(root: impl Into<PathBuf>) -> Result<Self, ObjectError> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(|e| ObjectError::io(&root, e))?;
-        Ok(LocalDir { root })
+        Ok(LocalDir { root, durable: true })
+    }
+    /// A directory whose writes are atomic but not fsynced (a cache of objects kept elsewhere).
+    pub fn volatile(root: impl Into<PathBuf>) -> Result<Self, ObjectError> {
+        Ok(LocalDir { durable: false, ..Self::new(root)? })
     }
     pub fn root(&self) -> &Path {
         &self.root
@@ -62,7 +68,7 @@ impl LocalDir {
                 made = true;
             }
         }
-        if made {
+        if made && self.durable {
             fsync_dir(&self.root).map_err(|e| ObjectError::io(&self.root, e))?;
         }
         Ok(())
@@ -90,7 +96,8 @@ impl Backend for LocalDir {
     fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError> {
         let target = self.path_of(id);
         self.make_shards(std::slice::from_ref(&target))?;
-        atomic_write(&target, &format!("{TEMP_PREFIX}{}", random_suffix()), encoded, true, || Ok::<(), ObjectError>(()))
+        let temp = format!("{TEMP_PREFIX}{}", random_suffix());
+        atomic_write(&target, &temp, encoded, self.durable, || Ok::<(), ObjectError>(()))
     }
 
     /// Batched: every object is encoded, written to its temp file and fsynced on a few I/O threads (an fsync
@@ -101,6 +108,14 @@ impl Backend for LocalDir {
         ids: &[ObjectId],
         make: &(dyn Fn(usize) -> Result<Option<Vec<u8>>, ObjectError> + Sync),
     ) -> Result<Vec<Option<u64>>, ObjectError> {
+        if !self.durable {
+            let put = |(i, id): (usize, &ObjectId)| -> Result<Option<u64>, ObjectError> {
+                let enc = make(i)?;
+                enc.as_ref().map(|e| self.put_file(id, e)).transpose()?;
+                Ok(enc.map(|e| e.len() as u64))
+            };
+            return ids.iter().enumerate().map(put).collect();
+        }
         let targets: Vec<PathBuf> = ids.iter().map(|id| self.path_of(id)).collect();
         self.make_shards(&targets)?;
         write_batch(&targets, TEMP_PREFIX, make)
@@ -209,19 +224,6 @@ impl Backend for LocalDir {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(ObjectError::io(p, e)),
         })
-    }
-}
-
-/// mtime := now, also on read-only files we own (utimensat), unlike opening for write.
-fn touch_now(p: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: valid NUL-terminated path; a null `times` means "now" for both atime and mtime.
-    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 

@@ -27,7 +27,7 @@ pub struct Cache {
 
 impl Cache {
     pub fn open(root: PathBuf, limit: Option<u64>) -> Result<Cache, ObjectError> {
-        let dir = LocalDir::new(root.join("objects"))?;
+        let dir = LocalDir::volatile(root.join("objects"))?;
         let cache = Cache {
             dir,
             limit,

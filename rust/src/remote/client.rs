@@ -178,6 +178,17 @@ impl Bucket {
         }
     }
 
+    /// Rewrite `rel` with `body` every `every` (a held lock's LastModified stays fresh) until aborted.
+    pub fn refresh_every(&self, rel: &str, body: Bytes, every: Duration) -> tokio::task::JoinHandle<()> {
+        let (store, path) = (self.store.clone(), self.path(rel));
+        self.rt.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let _ = store.put(&path, PutPayload::from_bytes(body.clone())).await;
+            }
+        })
+    }
+
     /// Unconditional write (lock files, whose keys are unique).
     pub fn put(&self, rel: &str, bytes: Bytes) -> Result<(), RemoteError> {
         self.block_on(self.store.put(&self.path(rel), PutPayload::from_bytes(bytes))).map(|_| ()).map_err(|e| self.err(e))

@@ -8,7 +8,7 @@
 //! true tie both refuse), and one that sees live shared locks keeps its own (new saves back off) and waits
 //! up to `wait` for them to go. Age is measured against the bucket's LastModified of the lock just written,
 //! so machine clocks do not matter; a lock older than `stale` is ignored (a crashed holder), and gc removes it.
-//! A lock is removed when its guard drops. The generation is bumped (CAS) by every gc before it deletes.
+//! A held lock is rewritten every `stale / 3` (a long save stays live), and removed when its guard drops. The generation is bumped (CAS) by every gc before it deletes.
 //! `Store::save_lock` is what an ingest holds: the local flock, and for a bucket store the bucket's shared lock.
 
 use std::sync::Arc;
@@ -42,12 +42,17 @@ impl Kind {
 pub struct LockGuard {
     bucket: Arc<Bucket>,
     key: String,
+    refresh: Option<tokio::task::JoinHandle<()>>,
     /// The bucket's clock when the lock was written.
     pub written: SystemTime,
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        if let Some(task) = self.refresh.take() {
+            task.abort();
+            let _ = self.bucket.block_on(task); // no rewrite after the delete below
+        }
         let _ = self.bucket.delete(&self.key);
     }
 }
@@ -56,13 +61,18 @@ fn age(now: SystemTime, m: &Meta) -> Duration {
     now.duration_since(m.modified).unwrap_or(Duration::ZERO)
 }
 
-/// Write a lock of `kind` and return it with the other locks' (key, kind, live).
-fn write_and_list(bucket: &Arc<Bucket>, kind: Kind, stale: Duration) -> Result<(LockGuard, Vec<(Meta, Kind, bool)>), RemoteError> {
+/// Another lock seen: its metadata, kind, and whether it is live (younger than the stale age).
+type Seen = (Meta, Kind, bool);
+
+/// Write a lock of `kind` and return it with the other locks.
+fn write_and_list(bucket: &Arc<Bucket>, kind: Kind, stale: Duration) -> Result<(LockGuard, Vec<Seen>), RemoteError> {
     let key = format!("locks/{}-{}", kind.tag(), random_suffix());
     let body = serde_json::json!({"kind": kind.tag(), "pid": std::process::id(),
         "host": std::env::var("HOSTNAME").unwrap_or_default()});
-    bucket.put(&key, Bytes::from(body.to_string()))?;
-    let mut guard = LockGuard { bucket: bucket.clone(), key: key.clone(), written: SystemTime::now() };
+    let body = Bytes::from(body.to_string());
+    bucket.put(&key, body.clone())?;
+    let refresh = Some(bucket.refresh_every(&key, body, (stale / 3).max(Duration::from_millis(100))));
+    let mut guard = LockGuard { bucket: bucket.clone(), key: key.clone(), refresh, written: SystemTime::now() };
     let mut others = Vec::new();
     for m in bucket.list("locks")? {
         if m.rel == key {

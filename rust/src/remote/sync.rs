@@ -5,7 +5,8 @@
 //! cache), and in one write transaction puts name rows (keeping `last_used` when the manifest is unchanged),
 //! manifest rows and prefix keys (recomputed per namespace), and drops rows of names gone from the bucket.
 //! The index is only a cache of the bucket: `reindex` clears names, manifests, prefixes and object rows,
-//! then syncs everything. Object rows (sizes) come only from this machine's saves.
+//! then syncs everything. Object rows (sizes) come only from this machine's saves. `read_name` mirrors the one
+//! record a read by name just fetched (so a save after a restore here knows what it replaces).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -18,6 +19,7 @@ use crate::error::Result;
 use crate::id::ObjectId;
 use crate::index::{HeedExt, NameRecord};
 use crate::manifest::Manifest;
+use crate::objects::ObjectError;
 use crate::prefix::prefix_chain;
 use crate::store::Store;
 
@@ -81,9 +83,15 @@ pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<S
     store.objects().backend().prefetch(&need)?;
     let mut manifests: HashMap<ObjectId, (Manifest, Vec<u8>)> = HashMap::new();
     for id in &need {
-        let got = store.objects().get(id)?;
-        let m = Manifest::from_json(*id, &got.bytes)?;
-        manifests.insert(*id, (m, got.bytes));
+        // A missing or corrupt manifest still gets its name row (gc then refuses, verify names it).
+        let got = match store.objects().get(id) {
+            Ok(got) => got,
+            Err(ObjectError::Missing { .. } | ObjectError::Corrupt { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if let Ok(m) = Manifest::from_json(*id, &got.bytes) {
+            manifests.insert(*id, (m, got.bytes));
+        }
     }
 
     let mut report = SyncReport { names: listed.len(), manifests_fetched: need.len(), ..Default::default() };
@@ -126,6 +134,53 @@ pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<S
     remote.note_synced(namespace);
     report.elapsed_s = t0.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// A name's record read from the bucket (`names::row`: Some(None) = no such name, None = unreachable, the
+/// index serves), mirrored into the index so this machine's next save of it knows what it replaces.
+pub(crate) fn read_name(
+    store: &Store,
+    remote: &Remote,
+    namespace: &str,
+    name: &str,
+    local: Option<&NameRecord>,
+) -> Result<Option<Option<NameRecord>>> {
+    let row = names::row(&remote.bucket, namespace, name, local)?;
+    match &row {
+        Some(Some(rec)) if local.is_none_or(|l| l.etag != rec.etag) => mirror(store, namespace, name, rec)?,
+        Some(None) if local.is_some() => unmirror(store, namespace, name)?,
+        _ => {}
+    }
+    Ok(row)
+}
+
+/// Mirror one bucket record just read into the index: its name row, manifest row and prefix keys.
+fn mirror(store: &Store, namespace: &str, name: &str, row: &NameRecord) -> Result<()> {
+    let ix = store.index();
+    let known = {
+        let r = ix.read_txn()?;
+        ix.manifests.get(&r, &row.manifest).ix(ix)?.map(<[u8]>::to_vec)
+    };
+    let json = match known {
+        Some(j) => j,
+        None => store.objects().get(&row.manifest)?.bytes,
+    };
+    let m = Manifest::from_json(row.manifest, &json)?;
+    let mut w = ix.write_txn()?;
+    ix.names.put(&mut w, &(namespace, name), row).ix(ix)?;
+    ix.manifests.put(&mut w, &row.manifest, &json).ix(ix)?;
+    put_prefixes(store, &mut w, namespace, row.manifest, &m)?;
+    w.commit().ix(ix)?;
+    Ok(())
+}
+
+/// Drop the row of a name the bucket no longer has.
+fn unmirror(store: &Store, namespace: &str, name: &str) -> Result<()> {
+    let ix = store.index();
+    let mut w = ix.write_txn()?;
+    ix.names.delete(&mut w, &(namespace, name)).ix(ix)?;
+    w.commit().ix(ix)?;
+    Ok(())
 }
 
 /// The prefix keys of manifest `mid` in `namespace` (the same rows an ingest writes).

@@ -50,6 +50,15 @@ fn saved_on_a_is_read_and_found_on_b() {
     child.extend(900..916);
     let c = put_synthetic(&b, "child", "", &child, &f);
     assert_eq!(c.new_objects, 1 + 2, "{c:?}");
+    // A user served by A, then by a third machine: it read the name (restore), so its save replaces it
+    // knowingly (nothing displaced).
+    let dc = TempDir::new("rc");
+    let c3 = machine(&mem, &dc, None, quick());
+    let mut more = child.clone();
+    more.extend(920..936);
+    load(&c3, "user");
+    put_synthetic(&c3, "user", "", &more, &f);
+    assert!(a.get("user", "").unwrap().unwrap().displaced.is_empty());
     // A removes it; B no longer sees it.
     assert!(a.remove("child", "").unwrap());
     assert!(b.get("child", "").unwrap().is_none());
@@ -116,6 +125,12 @@ fn lock_protocol() {
     let stale = locks::exclusive(&r.bucket, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
     drop(stale);
     assert!(r.bucket.list("locks").unwrap().is_empty());
+    // A long save keeps its lock fresh: older than `stale`, still live.
+    let long = locks::shared(&r.bucket, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let e = locks::exclusive(&r.bucket, Duration::from_secs(1), Duration::from_millis(300)).err().unwrap();
+    assert!(e.to_string().contains("save(s) in flight"), "{e}");
+    drop(long);
     crate::gc::gc(&s, Duration::ZERO, false).unwrap();
 }
 
@@ -174,6 +189,16 @@ fn cache_is_bounded_and_rebuildable() {
     // A second sync reads no record again (ETags unchanged).
     let again = sync::sync(&b, b.remote().unwrap(), None).unwrap();
     assert_eq!((again.updated, again.manifests_fetched), (0, 0));
+    // A name whose manifest is gone still syncs; gc refuses and verify names it.
+    let r6 = put_synthetic(&a, "broken", "", &(9000..9032).collect::<Vec<_>>(), &f);
+    a.remote().unwrap().objects.delete(&r6.manifest_id.parse().unwrap()).unwrap();
+    let dd = TempDir::new("ld");
+    let d = machine(&mem, &dd, None, quick());
+    assert_eq!(sync::sync(&d, d.remote().unwrap(), None).unwrap().names, 7);
+    let e = crate::gc::gc(&d, Duration::ZERO, false).unwrap_err();
+    assert!(e.to_string().contains("gc refused"), "{e}");
+    let v = d.verify_where(crate::store::Where::Bucket, &mut |_, _| Ok(())).unwrap();
+    assert_eq!(v.missing, vec![r6.manifest_id.clone()]);
     // The cache directory belongs to its bucket.
     let other = Bucket::new(mem.clone(), &url::parse("s3://test-bucket/other").unwrap()).unwrap();
     let e = open_with(other, &db.0, None, 16, 1, 1 << 26, quick()).err().unwrap();

@@ -181,7 +181,7 @@ impl Store {
         let ix = &*self.index;
         let local = ix.names.get(r, &(namespace, name)).ix(ix)?;
         if let Some(remote) = &self.remote {
-            if let Some(row) = crate::remote::names::row(&remote.bucket, namespace, name, local.as_ref())? {
+            if let Some(row) = crate::remote::sync::read_name(self, remote, namespace, name, local.as_ref())? {
                 return Ok(row.map(|rec| {
                     let id = rec.manifest;
                     (rec, id)
@@ -221,9 +221,9 @@ impl Store {
             names.push((NameRef { namespace, name }, id));
             // Manifests a lost race displaced (bucket stores) stay live; unreadable ones protect nothing.
             for d in rec.displaced {
-                if !manifests.contains_key(&d) {
+                if let std::collections::hash_map::Entry::Vacant(e) = manifests.entry(d) {
                     if let Ok(m) = self.read_manifest(r, d) {
-                        manifests.insert(d, m.referenced());
+                        e.insert(m.referenced());
                     }
                 }
             }
