@@ -212,6 +212,7 @@ def test_gc_on_a_while_b_saves(pair, tmp_path):
     a, b = pair
     saved: list[str] = []
     deferred: list[str] = []  # a save a gc held off past its wait: 503, the state kept in its slot, saved later
+    refused: list[str] = []
     errors: list = []
 
     def saves():
@@ -220,8 +221,10 @@ def test_gc_on_a_while_b_saves(pair, tmp_path):
             r = post(b.url, f"/kvstore/states/{name}", {"prompt": ARTICLES[i % 3] + f" Note {i}."})
             if r.status == 200:
                 saved.append(name)
-            elif r.status == 503 and "gc" in r.json["error"]["message"]:
+            elif r.status == 503 and "gc holds" in r.json["error"]["message"]:
                 deferred.append(name)
+            elif r.status == 503:  # no slot free: the other held a state a gc kept from saving; refused, not lost
+                refused.append(name)
             else:
                 errors.append((name, r.status, r.body[:200]))
 
@@ -235,7 +238,7 @@ def test_gc_on_a_while_b_saves(pair, tmp_path):
         runs += 1
     t.join()
     assert not errors, errors
-    assert len(saved) + len(deferred) == 6 and saved and runs >= 1, (saved, deferred)
+    assert len(saved) + len(deferred) + len(refused) == 6 and saved and runs >= 1, (saved, deferred, refused)
     for name in deferred:  # caught up by B's idle save once no gc runs
         wait_stored(a, name, timeout=120)
     r = kv("--store", a.store, "--cache", a.cache, "gc", "--grace", "0", env=a.env)
