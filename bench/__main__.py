@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvstore.models import model_path
 
-from . import storage, workloads
+from . import handoff, storage, workloads
 from .targets import TARGETS, Target, cleanup, workdir
 
 PRESETS = {
@@ -45,6 +45,15 @@ PRESETS = {
         "storage": {"article_words": 600, "children": 10},
     },
 }
+# Several servers on one S3 store (a SeaweedFS the run starts): W1 and W3 with each user's turns alternating
+# between two `kvstore serve`, next to one server with a local store and plain llama-server; the handoff figures.
+# Sized to finish in minutes on a shared 2-core machine.
+PRESETS["s3"] = {**PRESETS["quick"], "models": ["smollm2"], "targets": ["plain", "kvstore", "s3x2"],
+                 "workloads": ["W1", "W3", "handoff"],
+                 "w1": {"seed": 1, "users": 5, "turns": 4, "system_words": 40, "msg_words": 30, "n_predict": 12,
+                        "inflight": 2},
+                 "handoff": {"history_words": 700}}
+MULTI_SERVER_WORKLOADS = ("W1", "W3", "W1long")  # W2 has no users to move between servers
 
 
 def run_workload(name: str, spec, model: str, cfg: dict) -> list:
@@ -58,6 +67,8 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
                for o in ("article-major", "question-major")
                for par in ((False, True) if spec.kind == "kvstore" else (False,))],
     }[name]
+    if spec.servers > 1 and name not in MULTI_SERVER_WORKLOADS:
+        return rows
     for label, fn in variants:
         wd = workdir()
         target = Target(spec, model, cfg["parallel"], cfg["ctx_size"], wd)
@@ -97,6 +108,16 @@ def table(results: dict) -> str:
                          f"{r['ratio_to_ideal']} | {r['cache_n']} | "
                          f"{'-' if ttft is None else f'{ttft * 1000:.0f} ms'}{rel('ttft_returning_p50_s')} | "
                          f"{r['wall_s']} s{rel('wall_s')} | {disk} |")
+        h = block.get("handoff")
+        if h:
+            lines.append(f"\nA returning user's turn on the other server ({h['prompt_tokens']} prompt tokens): time to "
+                         f"first token {h['ttft_cold_s'] * 1000:.0f} ms with that server's cache cold (state from "
+                         f"the bucket), {h['ttft_warm_s'] * 1000:.0f} ms warm, {h['ttft_full_eval_s'] * 1000:.0f} ms "
+                         f"evaluating the prompt in full. Restore of the state ({h['state_file_bytes'] / 2**20:.1f} "
+                         f"MiB, {h['bucket_bytes_read'] / 2**20:.1f} MiB read from the bucket in "
+                         f"{h['objects_read']} objects): {h['restore_cold_mb_s']} MB/s of bucket bytes from a cold "
+                         f"cache vs {h['get_mb_s']} MB/s for one plain GET of as many bytes; from a warm cache "
+                         f"{h['restore_warm_file_mb_s']} MB/s of state file.")
         st = block.get("storage")
         if st:
             mb = st["mb_per_s"]
@@ -110,6 +131,9 @@ def table(results: dict) -> str:
 
 
 def main(argv=None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the atexit hooks (the S3 targets' SeaweedFS)
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("preset", nargs="?", default="quick", choices=sorted(PRESETS))
@@ -130,6 +154,14 @@ def main(argv=None) -> int:
         block = results["models"].setdefault(model, {"workloads": []})
         print(f"{model}:", file=sys.stderr, flush=True)
         for wl in wls:
+            if wl == "handoff":
+                wd = workdir()
+                try:
+                    block["handoff"] = handoff.run(path, wd, cfg["parallel"], cfg["ctx_size"], **cfg["handoff"])
+                finally:
+                    cleanup(wd)
+                print(f"  handoff {block['handoff']}", file=sys.stderr, flush=True)
+                continue
             if wl == "storage":
                 wd = workdir()
                 try:

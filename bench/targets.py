@@ -1,18 +1,40 @@
 """The systems compared, each a fresh process started by the benchmark in the same run."""
 from __future__ import annotations
 
+import atexit
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from kvstore.engine import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
+BUCKET = "kvbench"
+# The S3 targets' bucket: a real SeaweedFS (tests/seaweed.py), one per bench run, on loopback.
+_seaweed = None
+
+
+def seaweed():
+    """The run's SeaweedFS (started on first use, stopped at exit) with the bucket BUCKET."""
+    global _seaweed
+    if _seaweed is None:
+        if str(ROOT / "tests") not in sys.path:
+            sys.path.insert(0, str(ROOT / "tests"))
+        from seaweed import SeaweedFS
+
+        d = Path(tempfile.mkdtemp(prefix="kvbench-seaweed-"))
+        sw = SeaweedFS(d).start()
+        atexit.register(lambda: (sw.stop(), shutil.rmtree(d, ignore_errors=True)))
+        sw.create_bucket(BUCKET)
+        _seaweed = sw
+    return _seaweed
 
 
 @dataclass
@@ -20,6 +42,7 @@ class TargetSpec:
     name: str  # shown in the table
     kind: str  # "llama" (plain llama.cpp server) or "kvstore" (kvstore serve in front of one)
     cache_ram: int = 0  # llama-server --cache-ram MiB
+    servers: int = 1  # > 1: that many `kvstore serve` on one S3 store, each request of a user on the next one
 
 
 TARGETS = {
@@ -27,7 +50,11 @@ TARGETS = {
     "ram": TargetSpec("llama-server --cache-ram 8192", "llama", 8192),
     "ram512": TargetSpec("llama-server --cache-ram 512", "llama", 512),
     "kvstore": TargetSpec("kvstore serve", "kvstore", 0),
+    "s3x2": TargetSpec("2x kvstore serve, one S3 store", "kvstore", 0, servers=2),
 }
+# With several servers a user's newest state must reach the bucket before their next turn lands elsewhere: the
+# servers save a slot this long after its last request (instead of the default 30 s).
+S3_IDLE_SAVE = "0.5"
 
 
 class Target:
@@ -38,34 +65,61 @@ class Target:
         self.workdir = workdir
         self.store = workdir / "store"
         self.log = open(workdir / f"{spec.kind}-{spec.cache_ram}.log", "ab")
-        self.proc = None
+        self.procs: list = []
+        self.urls: list[str] = []
+        self.remote: Optional[str] = None  # s3://... for a several-server target
+        self.env: Optional[dict] = None
+        if spec.servers > 1:
+            sw = seaweed()
+            self.remote = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+            self.env = sw.env()
         self._carried: dict = {}
         self.start()
 
+    @property
+    def proc(self):
+        return self.procs[0] if self.procs else None
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    def url_for(self, session_index: int, turn: int) -> str:
+        """Where a session's turn goes: with several servers, each turn on the next one (the worst locality)."""
+        return self.urls[(session_index + turn) % len(self.urls)]
+
     def start(self) -> None:
-        self.port = free_port()
-        common = ["-m", self.model, "-np", str(self.parallel), "-c", str(self.ctx_size),
-                  "--cache-ram", str(self.spec.cache_ram), "--port", str(self.port)]
-        if self.spec.kind == "llama":
-            cmd = [sys.executable, "-m", "kvstore.engine", *common]
-        else:
-            cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--store", str(self.store), *common]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
-        try:
-            wait_healthy(self.url, timeout=180, alive=lambda: self.proc.poll() is None)
-        except RuntimeError as e:
-            raise RuntimeError(f"{self.spec.name}: {e}; see {self.log.name}") from None
+        self.procs, self.urls = [], []
+        for i in range(self.spec.servers):
+            port = free_port()
+            common = ["-m", self.model, "-np", str(self.parallel), "-c", str(self.ctx_size),
+                      "--cache-ram", str(self.spec.cache_ram), "--port", str(port)]
+            if self.spec.kind == "llama":
+                cmd = [sys.executable, "-m", "kvstore.engine", *common]
+            elif self.remote:
+                cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--store", self.remote, "--cache",
+                       str(self.workdir / f"cache{i}"), "--idle-save", S3_IDLE_SAVE, *common]
+            else:
+                cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--store", str(self.store), *common]
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+            self.procs.append(proc)
+            self.urls.append(f"http://127.0.0.1:{port}")
+            try:
+                wait_healthy(self.urls[-1], timeout=180, alive=lambda: proc.poll() is None)
+            except RuntimeError as e:
+                raise RuntimeError(f"{self.spec.name}: {e}; see {self.log.name}") from None
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
             try:
-                self.proc.wait(timeout=120)
+                proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+                proc.kill()
+                proc.wait()
+        self.procs = []
 
     def restart(self) -> None:
         # Counters live in the process: keep what this run counted before the restart.
@@ -75,14 +129,16 @@ class Target:
         self.start()
 
     def rss_bytes(self) -> int:
-        """Resident memory of the target process (the llama.cpp server runs in it)."""
-        try:
-            for line in open(f"/proc/{self.proc.pid}/status"):
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
+        """Resident memory of the target processes (the llama.cpp server runs in each)."""
+        total = 0
+        for proc in self.procs:
+            try:
+                for line in open(f"/proc/{proc.pid}/status"):
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            except OSError:
+                pass
+        return total
 
     def metrics(self) -> dict:
         """kvstore's counters from /metrics (Prometheus text), as {name: value}, summed over restarts."""
@@ -92,21 +148,25 @@ class Target:
         return out
 
     def _live_metrics(self) -> dict:
+        """Summed over the servers."""
         out: dict = {}
-        try:
-            with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-                for line in r.read().decode().splitlines():
-                    if line and not line.startswith("#"):
-                        key, _, value = line.rpartition(" ")
-                        try:
-                            out[key] = float(value)
-                        except ValueError:
-                            pass
-        except OSError:
-            pass
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                    for line in r.read().decode().splitlines():
+                        if line and not line.startswith("#"):
+                            key, _, value = line.rpartition(" ")
+                            try:
+                                out[key] = out.get(key, 0.0) + float(value)
+                            except ValueError:
+                                pass
+            except OSError:
+                pass
         return out
 
     def store_bytes(self) -> int:
+        if self.remote:  # what the bucket holds under the store's prefix
+            return seaweed().bucket_bytes(BUCKET, self.remote[len(f"s3://{BUCKET}/"):] + "/")
         total = 0
         for p in self.store.rglob("*"):
             if p.is_file():

@@ -83,7 +83,8 @@ def run_w1(target, p: dict, restart_at: int = 0) -> dict:
         prompt = history[u] + "User: " + msgs[u][turn[u]] + "\nAssistant:"
         tokens = tokenize(target.url, prompt)
         extra = {"cache_prompt_name": u} if kv else {}
-        res = complete(target.url, prompt, p["n_predict"], extra)
+        url = target.url_for(users.index(u), turn[u]) if hasattr(target, "url_for") else target.url
+        res = complete(url, prompt, p["n_predict"], extra)
         return u, prompt, tokens, res
 
     t0 = time.perf_counter()

@@ -14,7 +14,9 @@ from kvstore.errors import (
     FormatError,
     InvalidName,
     KvStoreError,
+    GcLocked,
     NameNotFound,
+    RemoteUnavailable,
     ServerError,
     StoreFull,
 )
@@ -32,5 +34,5 @@ except ImportError:  # core not built: the installed distribution's version
 __all__ = [
     "Store", "open_store", "save", "restore", "__version__",
     "KvStoreError", "FormatError", "CorruptObject", "FingerprintMismatch", "NameNotFound", "InvalidName",
-    "StoreFull", "ServerError",
+    "StoreFull", "ServerError", "RemoteUnavailable", "GcLocked",
 ]

@@ -27,15 +27,17 @@ StoreLike = Union["Store", str, os.PathLike, None]
 ServerLike = Union[LlamaServer, str, None]
 
 
-def open_store(path: Union[str, os.PathLike, None] = None, **kw: Any) -> "Store":
+def open_store(path: Union[str, os.PathLike, None] = None, *, cache: Union[str, os.PathLike, None] = None,
+               cache_size: Union[str, int, None] = None, **kw: Any) -> "Store":
     """Open (creating if needed) the store at `path`, else `$KVSTORE_DIR`, else `~/.local/share/kvstore`.
 
-    Also creates its sync directory (the `--slot-save-path` for llama-server). Keyword arguments go to `Store`
-    (`block_size`, `level`, `map_size_mib`)."""
-    root = config.store_dir(None if path is None else os.fspath(path))
-    root.mkdir(parents=True, exist_ok=True)
-    config.sync_dir(root).mkdir(parents=True, exist_ok=True)
-    return Store(str(root), **kw)
+    `path` is a directory or `s3://BUCKET/PREFIX` (endpoint and credentials from the AWS environment variables);
+    an S3 store keeps its index and the objects it has seen in `cache` (default `~/.cache/kvstore/<hash>`),
+    bounded by `cache_size` (bytes, or a string such as "10G"). Also creates the sync directory (the
+    `--slot-save-path` for llama-server: `kvstore.config.sync_dir_of(store)`). Other keyword arguments go to
+    `Store` (`block_size`, `level`, `map_size_mib`). A malformed location raises `config.LocationError`
+    (a ValueError) before anything is created."""
+    return config.locate(path, cache=cache, cache_size=cache_size).open(**kw)
 
 
 def _store(store: StoreLike) -> "Store":
@@ -91,7 +93,7 @@ def _direct(srv, store: StoreLike, name: str, namespace: str, slot: int):
     slot = srv.check_slot(slot)
     st = _store(store)
     fp = srv.fingerprint()
-    sync = config.sync_dir(Path(st.path))
+    sync = config.sync_dir_of(st)
     sync.mkdir(parents=True, exist_ok=True)
     fname = temp_state_name()
     return slot, st, fp, sync, fname, sync / fname

@@ -261,6 +261,47 @@ def copy_state(src: Path, dst: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# a real S3 server (SeaweedFS, tests/seaweed.py) for stores in a bucket
+
+S3_BUCKET = "kvstore-test"
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """One SeaweedFS per session (loopback, fresh data dir) with the bucket S3_BUCKET. Its address reaches only
+    the processes given `seaweed.env()` and the tests that use `s3env`: nothing is set in os.environ here."""
+    from seaweed import SeaweedFS
+
+    sw = SeaweedFS(tmp_path_factory.mktemp("seaweed")).start()
+    try:
+        sw.create_bucket(S3_BUCKET)
+        yield sw
+    finally:
+        sw.stop()
+
+
+@pytest.fixture
+def s3env(seaweed, monkeypatch):
+    """The AWS variables pointing at the session's SeaweedFS, in this process, for this test only."""
+    env = seaweed.env({})
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+@pytest.fixture
+def s3_url(seaweed, request) -> str:
+    """A fresh store location in the session's bucket: s3://kvstore-test/<test name>-<random>."""
+    import re
+    import uuid
+
+    slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40]
+    return f"s3://{S3_BUCKET}/{slug}-{uuid.uuid4().hex[:8]}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # reading the store's open format from outside (another process, as a third-party tool would)
 
 _DUMP = r"""

@@ -15,13 +15,13 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import aiohttp
 from aiohttp import web
 
 from kvstore import llama
-from kvstore.config import sync_dir
+from kvstore.config import Location, locate
 from kvstore.fingerprint import server_fingerprint
 
 from .auth import Tenancy
@@ -43,7 +43,9 @@ log = logging.getLogger("kvstore.hooks")
 @dataclass
 class HooksConfig:
     upstream: str  # llama-server URL
-    store: Path  # store directory; llama-server's --slot-save-path must be <store>/sync
+    # A store directory, `s3://BUCKET/PREFIX` (with `cache`, `cache_size`) or a Location; llama-server's
+    # --slot-save-path must be the location's `sync` (<store>/sync, or <cache>/sync for S3).
+    store: Union[Path, str, Location]
     name_from_user: bool = False
     idle_save: float = 30.0  # seconds; <= 0 disables
     max_queue: int = 64
@@ -58,6 +60,14 @@ class HooksConfig:
     # SWA models: the server's SWA cache cells per slot (hooks/prefix.py swa_cells), so a cut keeps a fresh
     # evaluation's cell layout; 0 when unknown (an external llama-server): the cut carries the window alone.
     swa_cells: int = 0
+    cache: Optional[Path] = None  # an S3 store's cache directory (default: config.default_cache_dir)
+    cache_size: Optional[int] = None  # bytes
+
+    @property
+    def location(self) -> Location:
+        if isinstance(self.store, Location):
+            return self.store
+        return locate(self.store, cache=self.cache, cache_size=self.cache_size)
 
 
 class Hooks:
@@ -66,7 +76,8 @@ class Hooks:
     def __init__(self, cfg: HooksConfig):
         self.cfg = cfg
         self.metrics = Metrics()
-        self.sync = SyncDir(sync_dir(cfg.store))
+        self.location = cfg.location
+        self.sync = SyncDir(self.location.sync)
         self.session: Optional[aiohttp.ClientSession] = None
         self.up: Optional[Upstream] = None
         self.store: Optional[AsyncStore] = None
@@ -98,7 +109,8 @@ class Hooks:
             self.up = Upstream(self.cfg.upstream, self.session, first_byte=self.cfg.upstream_timeout,
                                idle=self.cfg.upstream_idle_timeout, on_error=self._check.set,
                                api_key=self.cfg.upstream_api_key, strip_client_key=self.cfg.tenancy.enabled)
-            self.store = await AsyncStore.open(str(self.cfg.store))
+            self.store = await AsyncStore.open(self.location)
+            self.store.on_remote_failure = lambda: self.metrics.inc("remote_failures")
             self.sync.sweep()  # nothing of ours is in use yet: everything there is left over
             self._tasks.append(asyncio.create_task(self._connect()))
             yield

@@ -19,7 +19,8 @@ from typing import Any, Awaitable, Callable, Optional
 
 from . import prefix as pf
 from .auth import Caller
-from .errors import BadRequest, Forbidden, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply
+from .errors import (BadRequest, Forbidden, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply,
+                     remote_unavailable)
 from .metrics import Metrics
 from .naming import Naming
 from .slots import Lease, Slot, SlotTable
@@ -228,6 +229,8 @@ class Broker:
             except NotStored:
                 raise NotFound(namespace, name) from None
             except RestoreFailed as e:
+                if remote_unavailable(e):  # the bucket, not the request: 503, try again later
+                    raise e.__cause__ from None  # type: ignore[misc]
                 raise BadRequest(f"restore of {name!r} failed: {e}") from e
             self.table.restored(lease.slot)
         return {"reply": r, "seconds": time.perf_counter() - t0}

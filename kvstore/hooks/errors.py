@@ -4,6 +4,8 @@ Each maps to one HTTP status in `middleware.py`; the store's exceptions (`kvstor
 """
 from __future__ import annotations
 
+from kvstore.errors import GcLocked, RemoteUnavailable  # noqa: F401 - re-exported for the table in middleware.py
+
 from .slot import QueueFull  # noqa: F401 - re-exported: every slot is busy and the wait queue is full (503)
 
 
@@ -51,6 +53,13 @@ class UpstreamReply(Exception):
         super().__init__(f"llama-server answered {status}: {body[:300]!r}")
         self.status = status
         self.body = body
+
+
+def remote_unavailable(e: BaseException) -> bool:
+    """Did this fail because an S3 store's bucket could not be reached (`RemoteUnavailable`, raised by the core
+    within a bounded time), directly or as the cause of `e`? Such failures are 503s; the local cache keeps serving
+    what it holds."""
+    return isinstance(e, RemoteUnavailable) or isinstance(e.__cause__, RemoteUnavailable)
 
 
 class NotStored(Exception):

@@ -11,10 +11,11 @@ from typing import Any, Optional
 from aiohttp import web
 
 from kvstore import page
+from kvstore.errors import error_message
 
 from . import naming as nm
 from .broker import Once
-from .errors import BadRequest
+from .errors import BadRequest, remote_unavailable
 from .metrics import timings_from_sse_tail
 from .routes import CHAT_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
@@ -100,13 +101,23 @@ class Handlers:
         c = caller(request)
         ns = None if self.h.cfg.tenancy.enabled and c.admin and nm.NAMESPACE_HEADER not in request.headers \
             else c.namespace
+        try:
+            await self.h.store.sync(ns)  # an S3 store: other servers' names too
+        except Exception as e:  # the bucket unreachable: what this machine knows
+            if not remote_unavailable(e):
+                raise
         items = await self.h.store.list(namespace=ns)
         return web.json_response({"namespace": ns, "states": jsonable(items)})
 
     async def stats(self, request: web.Request) -> web.Response:
         """Store totals and counters for everyone; a slot of another namespace shows only its id and whether busy."""
         h, c = self.h, caller(request)
-        store = await h.store.stats()
+        try:
+            store = await h.store.stats()
+        except Exception as e:  # an S3 store's bucket unreachable: the slots and counters still matter
+            if not remote_unavailable(e):
+                raise
+            store = {"unavailable": error_message(e)}
         slots = h.table.as_list(c.viewer)
         return web.json_response(jsonable({
             "upstream": h.up.url if c.admin else None,  # a tenant needs not know where llama-server listens

@@ -19,6 +19,8 @@ _HELP = {
     "kvstore_save_failures_total": ("counter", "Saves or ingests that failed."),
     "kvstore_prefix_unavailable_total": ("counter", "SWA prefix cuts not emitted (window rows not stored); the "
                                          "request was served without one."),
+    "kvstore_remote_failures_total": ("counter", "Store calls that failed because the S3 store's bucket was "
+                                      "unreachable (saves are kept in their slots and retried)."),
     "kvstore_tokens_restored_total": ("counter", "Tokens restored into slots."),
     "kvstore_prompt_tokens_evaluated_total": ("counter", "Sum of timings.prompt_n seen in replies."),
     "kvstore_bytes_ingested_total": ("counter", "New stored bytes written by ingests."),
@@ -88,7 +90,8 @@ class Metrics:
         for i, k in enumerate(KINDS[:-1]):
             emit("kvstore_hits_total", snap["kinds"][k], f'{{kind="{k}"}}', header=i == 0)
         emit("kvstore_misses_total", snap["kinds"]["miss"])
-        for key in ("restore_failures", "save_failures", "prefix_unavailable", "tokens_restored", "prompt_tokens_evaluated",
+        for key in ("restore_failures", "save_failures", "prefix_unavailable", "remote_failures", "tokens_restored",
+                    "prompt_tokens_evaluated",
                     "bytes_ingested", "bytes_saved", "bytes_materialized"):
             emit(f"kvstore_{key}_total", snap.get(key, 0))
         for op in ("save", "restore"):

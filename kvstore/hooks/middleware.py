@@ -14,6 +14,7 @@ llama-server's (and OpenAI's) shape: `{"error": {"message", "type"}}`.
 | `UpstreamTimeout` | 504 | timeout_error |
 | `UpstreamError` | 502 | upstream_error |
 | `Unavailable` (llama-server not ready, a slot's save failed) | 503 + `Retry-After: 5` | unavailable_error |
+| `kvstore.errors.RemoteUnavailable` (an S3 store's bucket unreachable), `GcLocked` (a gc held the bucket's lock longer than a save waits) | 503 + `Retry-After: 5` | unavailable_error |
 | `kvstore.errors.FingerprintMismatch` | 409 | conflict_error |
 | `kvstore.errors.StoreFull` | 507 | store_full_error |
 | any other `kvstore.errors.KvStoreError` | 500 | store_error |
@@ -30,8 +31,8 @@ from aiohttp import web
 
 from kvstore.errors import FingerprintMismatch, InvalidName, KvStoreError, NameNotFound, StoreFull, error_message
 
-from .errors import (BadRequest, Forbidden, NotFound, QueueFull, RouteNotFound, Unauthorized, Unavailable,
-                     UpstreamError, UpstreamReply, UpstreamTimeout)
+from .errors import (BadRequest, Forbidden, GcLocked, NotFound, QueueFull, RemoteUnavailable, RouteNotFound,
+                     Unauthorized, Unavailable, UpstreamError, UpstreamReply, UpstreamTimeout)
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -48,6 +49,8 @@ STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = (
     (Unavailable, 503, "unavailable_error", {"Retry-After": "5"}),
     (UpstreamTimeout, 504, "timeout_error", None),
     (UpstreamError, 502, "upstream_error", None),
+    (RemoteUnavailable, 503, "unavailable_error", {"Retry-After": "5"}),
+    (GcLocked, 503, "unavailable_error", {"Retry-After": "5"}),
     (FingerprintMismatch, 409, "conflict_error", None),
     (StoreFull, 507, "store_full_error", None),
     (KvStoreError, 500, "store_error", None),
@@ -65,8 +68,10 @@ def reply_for(e: BaseException) -> Optional[web.Response]:
         return web.Response(status=e.status, body=e.body, content_type="application/json")
     for cls, status, kind, headers in STATUSES:
         if isinstance(e, cls):
-            if status >= 500 and not isinstance(e, (QueueFull, Unavailable, UpstreamError)):
+            if status >= 500 and status != 503 and not isinstance(e, UpstreamError):
                 log.error("%s %s", type(e).__name__, e)
+            elif isinstance(e, RemoteUnavailable):
+                log.warning("store unavailable: %s", e)
             return error(status, error_message(e), kind, headers=headers)
     return None
 

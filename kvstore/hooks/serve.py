@@ -13,7 +13,6 @@ import secrets
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Optional
 
 from aiohttp import web
@@ -28,13 +27,17 @@ def engine_config(args, *, multi_tenant: bool):
     """The embedded llama-server's settings: writing into <store>/sync, with a random API key of its own (only the
     hooks can use its slots API), and without its host prompt cache when tenants exist (that cache is keyed by
     tokens: one tenant's cached prefix would be served to another who guesses it)."""
-    from kvstore.config import sync_dir
     from kvstore.engine import config_from_args
 
     if args.kv_unified:
         # One KV stream shared by all slots: restores would need states re-emitted for 1 stream, not n_slots.
         raise ValueError("--kv-unified is not supported by kvstore serve")
-    cfg = config_from_args(args, slot_save_path=str(sync_dir(args.store)))
+    loc = getattr(args, "location", None)  # set by run(); callers that build args themselves name only --store
+    if loc is None:
+        from kvstore.config import locate
+
+        loc = locate(args.store, cache=getattr(args, "cache", None), cache_size=getattr(args, "cache_size", None))
+    cfg = config_from_args(args, slot_save_path=str(loc.sync))
     cfg.api_key = secrets.token_urlsafe(32)
     if multi_tenant and cfg.cache_ram:
         log.warning("--cache-ram %d -> 0: llama-server's host prompt cache would cross namespaces", cfg.cache_ram)
@@ -123,7 +126,8 @@ async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if port == 0 else port  # type: ignore[union-attr]
-    print(f"kvstore serve: listening on http://{host}:{bound} (llama-server {cfg.upstream}, store {cfg.store})",
+    print(f"kvstore serve: listening on http://{host}:{bound} (llama-server {cfg.upstream}, store {cfg.location}"
+          + (f", cache {cfg.location.cache})" if cfg.location.remote else ")"),
           flush=True)
     await stop.wait()
     log.info("kvstore serve: stopping: no new connections, finishing requests, saving dirty slots")
@@ -134,13 +138,16 @@ def run(args) -> int:
     """`kvstore serve` with the arguments `kvstore.cli` parsed."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from kvstore.config import store_dir
+    from kvstore.config import Location, locate
 
-    args.store = store_dir(args.store).resolve()
-    Path(args.store).mkdir(parents=True, exist_ok=True)
     engine = None
     extra = {}
     try:
+        loc = locate(args.store, cache=args.cache, cache_size=args.cache_size)
+        if not loc.remote:
+            loc = Location(path=loc.path.resolve())  # type: ignore[union-attr]
+        args.location = loc
+        loc.local_dir.mkdir(parents=True, exist_ok=True)
         tenancy = tenancy_of(args)
         upstream_key = args.upstream_api_key
         if args.upstream:
@@ -152,7 +159,7 @@ def run(args) -> int:
             extra["swa_full"] = "on" if args.swa_full else "off"
             engine = start_engine(args, multi_tenant=tenancy.enabled)
             upstream, upstream_key = engine.url, engine.config.api_key
-        cfg = HooksConfig(upstream=upstream, store=Path(args.store), name_from_user=args.name_from_user,
+        cfg = HooksConfig(upstream=upstream, store=loc, name_from_user=args.name_from_user,
                           idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra,
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,

@@ -1,25 +1,36 @@
 """The store as the proxy sees it: every call to the compiled core runs in a worker thread (`asyncio.to_thread`).
 
 The core releases the GIL while it works, so the event loop keeps serving other requests during an ingest or a
-materialize. This is the proxy's only way to the store; it adds no logic of its own.
+materialize. This is the proxy's only way to the store; it adds no logic of its own but counting the calls that
+failed because an S3 store's bucket was unreachable (`on_remote_failure`, for /metrics).
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from .errors import remote_unavailable
 
 
 class AsyncStore:
     """`await AsyncStore.open(path)`; the same methods as `kvstore.Store`, awaitable."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, on_remote_failure: Optional[Callable[[], None]] = None):
         self.core = store
+        self.on_remote_failure = on_remote_failure
+
+    async def _call(self, fn: Callable, *args: Any, **kw: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kw)
+        except Exception as e:
+            if self.on_remote_failure is not None and remote_unavailable(e):
+                self.on_remote_failure()
+            raise
 
     @classmethod
-    async def open(cls, path: str) -> "AsyncStore":
-        from kvstore.api import Store
-
-        return cls(await asyncio.to_thread(Store, path))
+    async def open(cls, location: Any) -> "AsyncStore":
+        """`location`: a `kvstore.config.Location` (a directory or an S3 bucket with its cache)."""
+        return cls(await asyncio.to_thread(location.open))
 
     @property
     def block_size(self) -> int:
@@ -28,17 +39,17 @@ class AsyncStore:
     async def ingest(self, name: str, path: str, *, namespace: str, fingerprint: Mapping[str, str],
                      parent: Optional[str] = None) -> dict:
         """Store the file (removed once stored) under (namespace, name)."""
-        return await asyncio.to_thread(self.core.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
+        return await self._call(self.core.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
                                        parent=parent, remove_file=True)
 
     async def materialize(self, name: str, path: str, *, namespace: str, expect: Mapping[str, str],
                           n_stream: int) -> dict:
-        return await asyncio.to_thread(self.core.materialize, name, path, namespace=namespace, expect=expect,
+        return await self._call(self.core.materialize, name, path, namespace=namespace, expect=expect,
                                        n_stream=n_stream)
 
     async def materialize_manifest(self, manifest_id: str, path: str, *, expect: Mapping[str, str],
                                    n_stream: int) -> dict:
-        return await asyncio.to_thread(self.core.materialize_manifest, manifest_id, path, expect=expect,
+        return await self._call(self.core.materialize_manifest, manifest_id, path, expect=expect,
                                        n_stream=n_stream)
 
     async def materialize_prefix(self, name: Optional[str], n_tokens: int, path: str, *, namespace: str,
@@ -53,22 +64,33 @@ class AsyncStore:
 
     async def lookup(self, tokens: Sequence[int], *, namespace: str, fingerprint: Mapping[str, str]
                      ) -> Optional[dict]:
-        return await asyncio.to_thread(self.core.lookup, tokens, namespace=namespace, fingerprint=fingerprint)
+        return await self._call(self.core.lookup, tokens, namespace=namespace, fingerprint=fingerprint)
 
     async def get(self, name: str, *, namespace: str) -> Optional[dict]:
-        return await asyncio.to_thread(self.core.get, name, namespace=namespace)
+        return await self._call(self.core.get, name, namespace=namespace)
+
+    @property
+    def remote(self) -> Optional[str]:
+        """`s3://bucket/prefix` of an S3 store, else None."""
+        return getattr(self.core, "remote", None)
+
+    async def sync(self, namespace: Optional[str] = None) -> Optional[dict]:
+        """An S3 store: bring the local index up to date with the names in the bucket (other servers' saves)."""
+        if not self.remote:
+            return None
+        return await self._call(self.core.sync, namespace)
 
     async def list(self, *, namespace: Optional[str]) -> list:
-        return await asyncio.to_thread(self.core.list, namespace=namespace)
+        return await self._call(self.core.list, namespace=namespace)
 
     async def remove(self, name: str, *, namespace: str) -> bool:
-        return await asyncio.to_thread(self.core.remove, name, namespace=namespace)
+        return await self._call(self.core.remove, name, namespace=namespace)
 
     async def stats(self) -> dict:
-        return await asyncio.to_thread(self.core.stats)
+        return await self._call(self.core.stats)
 
     async def snapshot(self, namespace: Optional[str]) -> dict:
         """The status page's store part (`kvstore.page.store_snapshot`), one namespace or (None) all."""
         from kvstore.page import store_snapshot
 
-        return await asyncio.to_thread(store_snapshot, self.core, namespace)
+        return await self._call(store_snapshot, self.core, namespace)

@@ -1,0 +1,247 @@
+"""The store-maintenance commands of `kvstore` (stats, ls, rm, gc, verify, reindex, ingest, materialize, info,
+sync): each `cmd_*(args)` gets the arguments `kvstore.cli` parsed and returns the exit status. A store is named by
+`--store DIR|s3://BUCKET/PREFIX` with `--cache`, `--cache-size` (`kvstore.config.locate`).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvstore import config
+from kvstore.cliutil import PROG, CliError, emit, mib, pairs, parse_kv, ratio, table, valid_server_filename, when
+from kvstore.errors import KvStoreError, NameNotFound, error_message
+from kvstore.progress import progress
+
+
+def _location(args) -> config.Location:
+    return config.locate(args.store, cache=args.cache, cache_size=args.cache_size)
+
+
+def _store(args):
+    return _location(args).open()
+
+
+def cmd_stats(args) -> int:
+    store = _store(args)
+    if args.html:  # the store part of the status page, for a store no server is running on
+        from kvstore.page import render_page, store_snapshot
+
+        page = render_page({"store": store_snapshot(store, args.namespace)}, live=False)
+        Path(args.html).expanduser().write_text(page, encoding="utf-8")
+        print(f"{PROG}: wrote {args.html}", file=sys.stderr)
+        return 0
+    s = store.stats()
+    emit(args, s, lambda: pairs([
+        ("store", str(_location(args))),
+        ("names", s.get("names")),
+        ("manifests", s.get("manifests")),
+        ("objects", s.get("objects")),
+        ("logical size", mib(s.get("logical_bytes"))),
+        ("unique raw size", mib(s.get("unique_raw_bytes"))),
+        ("stored size", mib(s.get("stored_bytes"))),
+        ("dedup ratio", ratio(s.get("dedup_ratio"))),
+        ("compression ratio", ratio(s.get("compression_ratio"))),
+        ("total ratio", ratio(s.get("total_ratio"))),
+        ("block size", f"{s.get('block_size')} tokens"),
+    ]))
+    return 0
+
+
+def cmd_ls(args) -> int:
+    items = _store(args).list(namespace=args.namespace)
+    items = sorted(items, key=lambda e: (e.get("namespace", ""), e.get("name", "")))
+
+    def text():
+        if not items:
+            return "(no states stored)"
+        rows = [[e.get("namespace") or "-", e.get("name", ""), str(e.get("n_tokens", "")), mib(e.get("file_bytes")),
+                 (e.get("parent") or "-")[:12], when(e.get("last_used"))] for e in items]
+        return table(rows, ["NAMESPACE", "NAME", "TOKENS", "SIZE", "PARENT", "LAST USED"], right=(2, 3))
+
+    emit(args, items, text)
+    return 0
+
+
+def cmd_rm(args) -> int:
+    removed = _store(args).remove(args.name, namespace=args.namespace)
+    if not removed:
+        raise NameNotFound(f"no state named {args.name!r}" + (f" in namespace {args.namespace!r}" if args.namespace
+                                                                else "") + "; see `kvstore ls`")
+    emit(args, {"removed": args.name, "namespace": args.namespace},
+         lambda: f"removed {args.name!r}; run `kvstore gc` to free its unshared objects")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    r = _store(args).gc(grace_seconds=args.grace, dry_run=args.dry_run)
+    verb = "would free" if r.get("dry_run") else "freed"
+    emit(args, r, lambda: pairs([
+        ("live objects", r.get("live_objects")),
+        ("dead objects", r.get("dead_objects")),
+        (verb, mib(r.get("freed_bytes"))),
+        ("kept (younger than grace)", r.get("kept_young")),
+        ("temp files removed", r.get("removed_temp")),
+        ("dry run", "yes (nothing deleted)" if r.get("dry_run") else "no"),
+    ]))
+    return 0
+
+
+def _name_ref(ref: Any) -> str:
+    if isinstance(ref, dict):
+        return (f"{ref.get('namespace')}/" if ref.get("namespace") else "") + str(ref.get("name"))
+    return str(ref)
+
+
+def cmd_verify(args) -> int:
+    store = _store(args)
+    if args.where != "both" and not getattr(store, "remote", None):
+        raise CliError(f"--where {args.where}: only an S3 store has a bucket and a cache (this store is local)")
+    kw = {"where": args.where} if getattr(store, "remote", None) else {}
+    r = store.verify(progress=progress("verify"), **kw)
+    corrupt, missing = list(r.get("corrupt") or []), list(r.get("missing") or [])
+    bad = bool(corrupt or missing)
+
+    def text():
+        lines = [f"checked {r.get('objects_checked')} objects: "
+                 + ("ok" if not bad else f"{len(corrupt)} corrupt, {len(missing)} missing")]
+        lines += [f"  corrupt  {o}" for o in corrupt] + [f"  missing  {o}" for o in missing]
+        affected = r.get("names_affected") or []
+        if affected:
+            lines.append("names affected: " + ", ".join(_name_ref(a) for a in affected))
+        return "\n".join(lines)
+
+    emit(args, r, text)
+    return 1 if bad else 0
+
+
+def cmd_reindex(args) -> int:
+    loc = _location(args)
+    if not loc.remote:
+        raise CliError("reindex rebuilds an S3 store's local cache from its bucket; a local store is its own index "
+                       "(see `kvstore verify`)")
+    r = loc.open().reindex()
+    emit(args, r, lambda: pairs([("store", loc.target), ("cache", loc.cache)]
+                                + [(k.replace("_", " "), v) for k, v in sorted(r.items())]))
+    return 0
+
+
+def cmd_ingest(args) -> int:
+    fp = parse_kv(args.fingerprint, "--fingerprint")
+    r = _store(args).ingest(args.name, args.file, namespace=args.namespace, fingerprint=fp, parent=args.parent,
+                            remove_file=args.remove)
+    emit(args, r, lambda: (
+        f"stored {args.name!r}: {r.get('n_tokens')} tokens, {mib(r.get('file_bytes'))} file, "
+        f"{r.get('new_objects')} new objects ({mib(r.get('new_stored_bytes'))} stored, "
+        f"{mib(r.get('reused_bytes'))} reused) in {r.get('elapsed_s', 0):.2f} s"))
+    return 0
+
+
+def cmd_materialize(args) -> int:
+    r = _store(args).materialize(args.name, args.out, namespace=args.namespace, n_stream=args.n_stream,
+                                 durable=True)
+    emit(args, r, lambda: (f"wrote {args.out}: {r.get('n_tokens')} tokens, {mib(r.get('file_bytes'))} "
+                           f"in {r.get('elapsed_s', 0):.2f} s"))
+    return 0
+
+
+def cmd_info(args) -> int:
+    from kvstore.api import inspect_state
+
+    r = inspect_state(args.file)
+    toks = r.get("tokens") or []
+
+    def text():
+        shown = " ".join(str(t) for t in toks[:16]) + (" ..." if len(toks) > 16 else "")
+        return pairs([
+            ("file", args.file),
+            ("size", mib(r.get("file_bytes"))),
+            ("tokens", r.get("n_tokens")),
+            ("layout", r.get("layout")),
+            ("streams", r.get("n_stream")),
+            ("checkpoints", r.get("n_checkpoints")),
+            ("blocks", r.get("blocks") if not isinstance(r.get("blocks"), list) else len(r["blocks"])),
+            ("first tokens", shown or "-"),
+        ])
+
+    emit(args, r, text)
+    return 0
+
+
+def _same_content(entry: dict, path: Path) -> bool:
+    """Is the file byte-identical to the stored state `entry` (from Store.get)?"""
+    from kvstore.api import hash_file
+
+    if int(entry["file_bytes"]) != path.stat().st_size:
+        return False
+    return entry["file_hash"] == hash_file(str(path))
+
+
+def cmd_sync(args) -> int:
+    from kvstore.api import validate_name
+    from kvstore.server import LlamaServer
+
+    d = Path(args.dir)
+    if not d.is_dir():
+        raise CliError(f"{d} is not a directory (pass llama-server's --slot-save-path)")
+    st = _store(args)
+    ns = args.namespace
+    fp, n_stream = None, args.n_stream
+    if args.server:
+        srv = LlamaServer(args.server)
+        fp = srv.fingerprint()
+        n_stream = n_stream or srv.n_slots()
+    files = sorted(p for p in d.glob("*.bin") if p.is_file() and not p.name.startswith("."))
+    results: list[dict] = []
+    errors = 0
+    tick = progress("sync")
+    for i, f in enumerate(files):
+        entry: dict[str, Any] = {"file": f.name, "name": f.stem}
+        try:
+            validate_name(f.stem)
+            cur = st.get(f.stem, namespace=ns)
+            if cur is not None and _same_content(cur, f):
+                entry["action"] = "unchanged"
+                if args.remove:
+                    f.unlink()
+            else:
+                r = st.ingest(f.stem, str(f), namespace=ns, fingerprint=fp, remove_file=args.remove)
+                entry.update(action="ingested", n_tokens=r.get("n_tokens"), file_bytes=r.get("file_bytes"),
+                             new_stored_bytes=r.get("new_stored_bytes"))
+            entry["removed"] = bool(args.remove)
+        except (KvStoreError, OSError) as e:
+            errors += 1
+            entry.update(action="error", error=error_message(e))
+        results.append(entry)
+        if tick:
+            tick(i + 1, len(files))
+    for name in args.materialize or []:
+        entry = {"file": f"{name}.bin", "name": name}
+        try:
+            if not valid_server_filename(f"{name}.bin"):
+                raise CliError(f"{name!r} cannot be a llama-server file name ({name}.bin); restore it with "
+                               "`kvstore materialize` under another file name")
+            r = st.materialize(name, str(d / f"{name}.bin"), namespace=ns, n_stream=n_stream, expect=fp,
+                               durable=True)
+            entry.update(action="materialized", n_tokens=r.get("n_tokens"), file_bytes=r.get("file_bytes"))
+        except (KvStoreError, OSError, CliError) as e:
+            errors += 1
+            entry.update(action="error", error=error_message(e))
+        results.append(entry)
+
+    def text():
+        if not results:
+            return f"{d}: no *.bin files"
+        rows = [[e["file"], e["name"], e["action"] + (" (removed)" if e.get("removed") and e["action"] != "error"
+                                                      else ""),
+                 str(e.get("n_tokens", "")), mib(e.get("file_bytes")) if "file_bytes" in e else "",
+                 e.get("error", "")] for e in results]
+        return table(rows, ["FILE", "NAME", "ACTION", "TOKENS", "SIZE", "ERROR"], right=(3, 4))
+
+    emit(args, {"dir": str(d), "files": results, "errors": errors}, text)
+    if errors:
+        for e in results:
+            if e["action"] == "error":
+                print(f"{PROG}: error: {e['file']}: {e['error']}", file=sys.stderr)
+        return 2
+    return 0
