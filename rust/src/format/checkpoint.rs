@@ -72,10 +72,7 @@ pub(crate) fn write_section(out: &mut Vec<u8>, n_stream: u32, cell_stream: u32, 
         for p in picks {
             p.meta(shape, out);
         }
-        out.put_u32(c.v_trans);
-        out.put_u32(c.layers.len() as u32);
-        out.put_u32(c.n_rot_k);
-        out.put_u32(c.n_rot_v);
+        super::emit::put_layers_head(c, out);
         for (l, hdr) in c.layers.iter().enumerate() {
             out.put_i32(hdr.k_ty);
             out.put_u64(hdr.k_row);

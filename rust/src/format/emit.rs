@@ -11,6 +11,14 @@ use super::reader::PutLe;
 use super::FormatError;
 
 /// Per-layer byte offset of the layer inside a one-cell block: sum of `k_row + v_row` of the layers before it.
+/// `v_trans`, layer count, `n_rot_k`, `n_rot_v`: a KV section's words before its first layer (also checkpoint.rs).
+pub(crate) fn put_layers_head(c: &Cells<'_>, out: &mut Vec<u8>) {
+    out.put_u32(c.v_trans);
+    out.put_u32(c.layers.len() as u32);
+    out.put_u32(c.n_rot_k);
+    out.put_u32(c.n_rot_v);
+}
+
 fn layer_prefix(layers: &[LayerHdr]) -> Vec<usize> {
     let mut acc = 0usize;
     layers
@@ -196,10 +204,7 @@ impl Emitter<'_, '_> {
         let count = c.count as usize;
         out.put_u32(c.count);
         out.extend_from_slice(c.meta);
-        out.put_u32(c.v_trans);
-        out.put_u32(c.layers.len() as u32);
-        out.put_u32(c.n_rot_k);
-        out.put_u32(c.n_rot_v);
+        put_layers_head(c, out);
         for (l, hdr) in c.layers.iter().enumerate() {
             out.put_i32(hdr.k_ty);
             out.put_u64(hdr.k_row);
