@@ -7,7 +7,8 @@
 //! sees another live exclusive lock removes its own and refuses at once (`Locked`: two gcs never run; in a
 //! true tie both refuse), and one that sees live shared locks keeps its own (new saves back off) and waits
 //! up to `wait` for them to go. Age is measured against the bucket's LastModified of the lock just written,
-//! so machine clocks do not matter; a lock older than `stale` is ignored (a crashed holder), and gc removes it.
+//! so machine clocks do not matter; a lock older than `stale` is ignored (a crashed holder), and gc removes it;
+//! so is, at once, a lock written on this machine (same host name and boot id) by a process that is gone.
 //! A held lock is rewritten every `stale / 3` (a long save stays live), and removed when its guard drops. The generation is bumped (CAS) by every gc before it deletes.
 //! `Store::save_lock` is what an ingest holds: the local flock, and for a bucket store the bucket's shared lock.
 
@@ -67,8 +68,7 @@ type Seen = (Meta, Kind, bool);
 /// Write a lock of `kind` and return it with the other locks.
 fn write_and_list(bucket: &Arc<Bucket>, kind: Kind, stale: Duration) -> Result<(LockGuard, Vec<Seen>), RemoteError> {
     let key = format!("locks/{}-{}", kind.tag(), random_suffix());
-    let body = serde_json::json!({"kind": kind.tag(), "pid": std::process::id(),
-        "host": std::env::var("HOSTNAME").unwrap_or_default()});
+    let body = serde_json::json!({"kind": kind.tag(), "pid": std::process::id(), "host": this_machine()});
     let body = Bytes::from(body.to_string());
     bucket.put(&key, body.clone())?;
     let refresh = Some(bucket.refresh_every(&key, body, (stale / 3).max(Duration::from_millis(100))));
@@ -84,9 +84,37 @@ fn write_and_list(bucket: &Arc<Bucket>, kind: Kind, stale: Duration) -> Result<(
         others.push((m, k, true));
     }
     for o in &mut others {
-        o.2 = age(guard.written, &o.0) <= stale;
+        o.2 = age(guard.written, &o.0) <= stale && !holder_gone(bucket, &o.0.rel);
     }
     Ok((guard, others))
+}
+
+/// This machine: host name and kernel boot id (a host name alone may repeat across containers or reboots).
+pub(super) fn this_machine() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let host = if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::new()
+    };
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{host}/{}", boot.trim())
+}
+
+/// Restic's rule for a crashed holder on this machine: the lock names this machine and a process that no longer
+/// exists. Any doubt (unreadable lock, another machine, a live or unknown pid) leaves the lock live.
+fn holder_gone(bucket: &Bucket, rel: &str) -> bool {
+    let Ok(Some((body, _))) = bucket.get(rel) else { return false };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else { return false };
+    let (Some(host), Some(pid)) = (v["host"].as_str(), v["pid"].as_u64()) else { return false };
+    let me = this_machine();
+    if host != me || me.ends_with('/') || pid == 0 || pid > i32::MAX as u64 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as libc::pid_t, 0) != 0 && *libc::__errno_location() == libc::ESRCH }
 }
 
 /// A save's shared lock: waits (backing off) while a gc holds the exclusive one, at most `wait`.

@@ -204,3 +204,27 @@ fn cache_is_bounded_and_rebuildable() {
     let e = open_with(other, &db.0, None, 16, 1, 1 << 26, quick()).err().unwrap();
     assert!(e.to_string().contains("belongs to another store"), "{e}");
 }
+
+#[test]
+fn a_dead_holder_on_this_machine_does_not_hold_gc_off() {
+    let mem = Arc::new(InMemory::new());
+    let d = TempDir::new("lkdead");
+    let s = machine(&mem, &d, None, quick());
+    let r = s.remote().unwrap().clone();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let put = |key: &str, host: &str| {
+        let body = serde_json::json!({"kind": "shared", "pid": dead, "host": host}).to_string();
+        r.bucket.put(key, bytes::Bytes::from(body)).unwrap();
+    };
+    // another machine's lock with the same pid: live until it goes stale (its process may well exist there)
+    put("locks/shared-elsewhere", "another-host/another-boot");
+    let e = crate::gc::gc(&s, Duration::ZERO, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::GcLocked, "{e}");
+    r.bucket.delete("locks/shared-elsewhere").unwrap();
+    // this machine's, its process gone (a save killed with -9): ignored at once and removed by gc
+    put("locks/shared-killed", &locks::this_machine());
+    crate::gc::gc(&s, Duration::ZERO, false).unwrap();
+    assert!(r.bucket.list("locks").unwrap().is_empty());
+}
