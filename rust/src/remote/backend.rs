@@ -63,6 +63,24 @@ impl BucketObjects {
     }
 }
 
+impl BucketObjects {
+    /// `Backend::put_files`'s work, returning the encoded bytes (None: already present) so that the cache in
+    /// front (`Cached`) keeps the same bytes without encoding or uploading twice.
+    #[allow(clippy::type_complexity)]
+    pub fn encode_and_upload(
+        &self,
+        ids: &[ObjectId],
+        make: &(dyn Fn(usize) -> Result<Option<Vec<u8>>, ObjectError> + Sync),
+    ) -> Result<Vec<Option<Bytes>>, ObjectError> {
+        // `make` may block on the bucket itself (a HEAD), so it runs here, outside the runtime.
+        let encoded: Vec<Option<Bytes>> =
+            (0..ids.len()).into_par_iter().map(|i| Ok(make(i)?.map(Bytes::from))).collect::<Result<_, ObjectError>>()?;
+        let items = ids.iter().zip(&encoded).filter_map(|(id, e)| e.clone().map(|b| (*id, b))).collect();
+        self.upload(items)?;
+        Ok(encoded)
+    }
+}
+
 impl Backend for BucketObjects {
     fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError> {
         self.bucket.put_create(&object_key(id), Bytes::copy_from_slice(encoded))?;
@@ -74,12 +92,7 @@ impl Backend for BucketObjects {
         ids: &[ObjectId],
         make: &(dyn Fn(usize) -> Result<Option<Vec<u8>>, ObjectError> + Sync),
     ) -> Result<Vec<Option<u64>>, ObjectError> {
-        // `make` may block on the bucket itself (a HEAD), so it runs here, outside the runtime.
-        let encoded: Vec<Option<Vec<u8>>> = (0..ids.len()).into_par_iter().map(make).collect::<Result<_, _>>()?;
-        let sizes = encoded.iter().map(|e| e.as_ref().map(|b| b.len() as u64)).collect();
-        let items = ids.iter().zip(encoded).filter_map(|(id, e)| e.map(|b| (*id, Bytes::from(b)))).collect();
-        self.upload(items)?;
-        Ok(sizes)
+        Ok(self.encode_and_upload(ids, make)?.iter().map(|e| e.as_ref().map(|b| b.len() as u64)).collect())
     }
 
     fn get(&self, id: &ObjectId) -> Result<Option<Vec<u8>>, ObjectError> {

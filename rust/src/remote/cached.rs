@@ -39,17 +39,10 @@ impl Backend for Cached {
         ids: &[ObjectId],
         make: &(dyn Fn(usize) -> Result<Option<Vec<u8>>, ObjectError> + Sync),
     ) -> Result<Vec<Option<u64>>, ObjectError> {
-        use rayon::prelude::*;
-        let encoded: Vec<Option<Vec<u8>>> = (0..ids.len()).into_par_iter().map(make).collect::<Result<_, _>>()?;
-        let items: Vec<(ObjectId, bytes::Bytes)> = ids
-            .iter()
-            .zip(&encoded)
-            .filter_map(|(id, e)| e.as_ref().map(|b| (*id, bytes::Bytes::copy_from_slice(b))))
-            .collect();
-        self.bucket.upload(items)?;
+        let encoded = self.bucket.encode_and_upload(ids, make)?;
         let fresh: Vec<usize> = (0..ids.len()).filter(|&i| encoded[i].is_some() && !self.cache.holds(&ids[i])).collect();
         let fresh_ids: Vec<ObjectId> = fresh.iter().map(|&i| ids[i]).collect();
-        let put = self.cache.dir.put_files(&fresh_ids, &|k| Ok(encoded[fresh[k]].clone()));
+        let put = self.cache.dir.put_files(&fresh_ids, &|k| Ok(encoded[fresh[k]].as_ref().map(|b| b.to_vec())));
         if let Ok(sizes) = put {
             self.cache.added(sizes.iter().flatten().sum());
         }
