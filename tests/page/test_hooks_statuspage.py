@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 from hooks_support import complete, engine, get, hooks, stack
-from test_statuspage import browser, console_errors, screenshot, settled  # noqa: F401  (fixture)
+from browser_support import browser, console_errors, screenshot, settled  # noqa: F401  (fixture)
 
 ARTICLE = "The lighthouse keeper kept a log of every ship that passed the rocky point. " * 6
 

@@ -20,59 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from browser_support import browser, console_errors, screenshot, settled  # noqa: F401  (fixture)
 from kvstore.page import History, operator_view, render_fragment, render_page, store_snapshot
 
 EVIL = '<b>x<img src=x onerror=alert(1)>'  # no '/': names may not hold one
 EVIL_NS = "t<i>en"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# a real browser
-
-@pytest.fixture
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_bin = shutil.which("chromedriver")
-    assert chromium and driver_bin, "headless Chromium is missing: run ./dev setup (apt-get install chromium chromium-driver)"
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(driver_bin), options=opts)
-    try:
-        yield d
-    finally:
-        d.quit()
-
-
-def screenshot(d, path: Path) -> None:
-    d.set_window_size(1280, int(d.execute_script("return document.body.scrollHeight")) + 60)
-    d.save_screenshot(str(path))
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def settled(read, tries: int = 4):
-    """Run `read()` (a group of element lookups) again when the live page's refresh replaced the DOM under it.
-
-    The live page swaps its main section every few seconds; an element found before a swap is stale after it.
-    A stale read is retried as a whole, so every value in one result comes from one rendering of the page.
-    """
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    for attempt in range(tries):
-        try:
-            return read()
-        except StaleElementReferenceException:
-            if attempt == tries - 1:
-                raise
-
-
-def console_errors(d) -> list:
-    return [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
 
 
 def build_store(state_files, root: Path):

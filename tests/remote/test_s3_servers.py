@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, S3_BUCKET
 from hooks_support import QUESTIONS, complete, get, intro, metric, post, tokenize, turn_prompt
 from s3_nodes import Node
-from test_hooks_articles import ARTICLES, QUESTIONS as ARTICLE_QUESTIONS
+from corpus import ARTICLES, QUESTIONS as ARTICLE_QUESTIONS
 
 SLACK = 2  # SmolLM2: a tokenizer merge at the boundary of a stored state (as in test_hooks_users.py)
 

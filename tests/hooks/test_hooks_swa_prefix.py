@@ -7,7 +7,7 @@ sending the same prompts gets nothing of the first tenant's (docs/hooks.md, tena
 from __future__ import annotations
 
 from hooks_support import CTX, complete, engine, hooks, metric, stack, tokenize
-from test_hooks_articles import ARTICLES, QUESTIONS
+from corpus import ARTICLES, QUESTIONS
 
 from kvstore.hooks.auth import tenancy_from
 from kvstore.hooks.prefix import swa_cells

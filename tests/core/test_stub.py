@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-STUB = Path(__file__).resolve().parents[1] / "kvstore" / "_core.pyi"
+STUB = Path(__file__).resolve().parents[2] / "kvstore" / "_core.pyi"
 
 
 def stubtest(tmp_path: Path, stub_text: str) -> subprocess.CompletedProcess:
