@@ -55,6 +55,12 @@ def cmd_serve(args) -> int:
     return run(args)
 
 
+def cmd_batch(args) -> int:
+    from kvstore.batch.command import cmd_batch as run_batch  # lazily: aiohttp and tqdm are only needed here
+
+    return run_batch(args)
+
+
 def add_serve_args(sp) -> None:
     from kvstore.engine import add_engine_args
 
@@ -116,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--namespace", default="", help="namespace (tenant); default: the empty namespace")
 
     sp = add("serve", "run the kvstore proxy in front of llama-server (see `kvstore serve --help`)", cmd_serve)
+    add_serve_args(sp)
+    sp = add("batch", "answer an OpenAI Batch file (JSONL) through kvstore serve, each shared prefix evaluated "
+                      "once (see `kvstore batch --help`)", cmd_batch)
+    from kvstore.batch.command import add_batch_args
+
+    add_batch_args(sp)
     add_serve_args(sp)
     sp = add("stats", "sizes and dedup/compression ratios", cmd_stats)
     sp.add_argument("--html", metavar="FILE", help="write the store part of the status page (one self-contained "

@@ -134,36 +134,49 @@ async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
     await runner.cleanup()
 
 
-def run(args) -> int:
-    """`kvstore serve` with the arguments `kvstore.cli` parsed."""
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def configure(args):
+    """The hooks' settings for arguments `kvstore.cli` parsed, starting the embedded llama-server unless
+    `--upstream` names one. Returns (HooksConfig, the EmbeddedServer or None); the caller closes the engine."""
     from kvstore.config import Location, locate
 
+    loc = locate(args.store, cache=args.cache, cache_size=args.cache_size)
+    if not loc.remote:
+        loc = Location(path=loc.path.resolve())  # type: ignore[union-attr]
+    args.location = loc
+    loc.local_dir.mkdir(parents=True, exist_ok=True)
+    tenancy = tenancy_of(args)
+    upstream_key = args.upstream_api_key
     engine = None
     extra = {}
+    if args.upstream:
+        upstream = args.upstream
+    else:
+        if args.swa_full:
+            log.warning("--swa-full: llama-server keeps no checkpoints and a rollback inside the window after a "
+                        "restore gives silently wrong K/V (docs/hooks.md); states are fingerprinted apart")
+        extra["swa_full"] = "on" if args.swa_full else "off"
+        engine = start_engine(args, multi_tenant=tenancy.enabled)
+        upstream, upstream_key = engine.url, engine.config.api_key
     try:
-        loc = locate(args.store, cache=args.cache, cache_size=args.cache_size)
-        if not loc.remote:
-            loc = Location(path=loc.path.resolve())  # type: ignore[union-attr]
-        args.location = loc
-        loc.local_dir.mkdir(parents=True, exist_ok=True)
-        tenancy = tenancy_of(args)
-        upstream_key = args.upstream_api_key
-        if args.upstream:
-            upstream = args.upstream
-        else:
-            if args.swa_full:
-                log.warning("--swa-full: llama-server keeps no checkpoints and a rollback inside the window after a "
-                            "restore gives silently wrong K/V (docs/hooks.md); states are fingerprinted apart")
-            extra["swa_full"] = "on" if args.swa_full else "off"
-            engine = start_engine(args, multi_tenant=tenancy.enabled)
-            upstream, upstream_key = engine.url, engine.config.api_key
         cfg = HooksConfig(upstream=upstream, store=loc, name_from_user=args.name_from_user,
                           idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra,
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,
                           swa_cells=engine_swa_cells(engine))
+    except BaseException:
+        if engine is not None:
+            engine.close()
+        raise
+    return cfg, engine
+
+
+def run(args) -> int:
+    """`kvstore serve` with the arguments `kvstore.cli` parsed."""
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = None
+    try:
+        cfg, engine = configure(args)
         asyncio.run(_serve(cfg, args.host, args.port))
     except KeyboardInterrupt:
         pass

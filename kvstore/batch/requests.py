@@ -1,0 +1,97 @@
+"""The batch input: OpenAI's Batch file format, one request a line, read as a stream.
+
+Contract: `read(path)` yields one `Line` per input line, in order, holding only its byte offset and length in the
+file (bodies are read again by offset when sent, so memory does not grow with the file), or the reason the line
+cannot run. A line runs if it is a JSON object with a string `custom_id` not seen before, `"method": "POST"`, a
+`url` of `URLS` and an object `body` with one prompt (`messages` for chat, `prompt` as a string or token ids
+otherwise). Empty lines are skipped. Nothing here talks to a server.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+CHAT = "/v1/chat/completions"
+URLS = (CHAT, "/v1/completions", "/completion")
+
+
+@dataclass
+class Line:
+    number: int  # 1-based line number in the input
+    offset: int  # byte offset of the line in the input
+    length: int
+    custom_id: Optional[str] = None
+    url: str = ""
+    error: Optional[str] = None  # why the line cannot run (then it is answered with this error)
+
+    @property
+    def chat(self) -> bool:
+        return self.url == CHAT
+
+
+def problem(doc: Any) -> Optional[str]:
+    """Why a decoded line is not a request this command can send (None: it is)."""
+    if not isinstance(doc, dict):
+        return "the line is not a JSON object"
+    cid = doc.get("custom_id")
+    if not isinstance(cid, str) or not cid:
+        return "missing `custom_id` (a non-empty string)"
+    if doc.get("method", "POST") != "POST":
+        return f"`method` must be POST, not {doc.get('method')!r}"
+    url = doc.get("url")
+    if url not in URLS:
+        return f"unknown `url` {url!r}: one of {', '.join(URLS)}"
+    body = doc.get("body")
+    if not isinstance(body, dict):
+        return "`body` must be a JSON object"
+    if url == CHAT:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            return "a chat request needs `messages` (a non-empty list)"
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None
+        if not isinstance(prompt, str):
+            return "`prompt` must be one string or one list of token ids (one prompt per line)"
+    return None
+
+
+def read(path: Path) -> Iterator[Line]:
+    """Every line of the input, in order (see the module's contract); duplicate `custom_id`s are errors."""
+    seen: set[str] = set()
+    with open(path, "rb") as f:
+        number, offset = 0, 0
+        for raw in f:
+            number += 1
+            line = Line(number, offset, len(raw))
+            offset += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                doc = json.loads(raw)
+            except ValueError as e:
+                line.error = f"line {number} is not JSON: {e}"
+                yield line
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("custom_id"), str):
+                line.custom_id = doc["custom_id"]
+            line.error = problem(doc)
+            if line.error is None:
+                line.url = doc["url"]
+                if line.custom_id in seen:
+                    line.error = f"duplicate custom_id {line.custom_id!r} (first seen earlier in the file)"
+                else:
+                    seen.add(line.custom_id)  # type: ignore[arg-type]
+            if line.error is not None:
+                line.error = f"line {number}: {line.error}"
+            yield line
+
+
+def body_of(path: Path, line: Line) -> dict:
+    """The request body of a line that runs, read again from the input."""
+    with open(path, "rb") as f:
+        f.seek(line.offset)
+        return json.loads(f.read(line.length))["body"]
