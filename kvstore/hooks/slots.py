@@ -279,12 +279,16 @@ class SlotTable:
 
     def lost(self, slot: Slot) -> None:
         """llama-server failed while working on the slot (timeout, connection lost, restarted): its content is
-        unknown. No label (it is never saved under a name), no tokens (never reused in place); the namespace stays."""
+        unknown. No label (it is never saved under a name), no tokens (never reused in place); the namespace and
+        the owner stay: llama-server may still hold (or be writing) the owner's cells, so the slot stays hidden from
+        other namespaces and is erased before another one uses it."""
         if slot.name is not None or slot.tokens:
             log.warning("slot %d: state unknown after an upstream failure; %r is no longer resident (unsaved "
                         "changes are lost)", slot.id, slot.key)
+        owner = slot.owner
         slot.name, slot.parent = None, None
         slot.clear()
+        slot.owner = owner
 
     def erased(self, slot: Slot) -> None:
         """The slot was erased: no label, no content."""
