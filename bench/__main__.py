@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvstore.models import model_path
 
-from . import handoff, storage, workloads
+from . import batch, handoff, storage, workloads
 from .targets import TARGETS, Target, cleanup, workdir
 
 PRESETS = {
@@ -25,6 +25,7 @@ PRESETS = {
         "w1": {"seed": 1, "users": 3, "turns": 2, "system_words": 40, "msg_words": 25, "n_predict": 8, "inflight": 2},
         "w2": {"seed": 2, "articles": 2, "questions": 2, "article_words": [150, 200], "n_predict": 4},
         "storage": {"article_words": 200, "children": 3},
+        "batch": {"seed": 4, "articles": 3, "questions": 3, "article_words": [150, 200], "n_predict": 4},
     },
     "quick": {
         "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore"],
@@ -32,6 +33,7 @@ PRESETS = {
         "w1": {"seed": 1, "users": 6, "turns": 4, "system_words": 60, "msg_words": 40, "n_predict": 16, "inflight": 2},
         "w2": {"seed": 2, "articles": 3, "questions": 3, "article_words": [300, 500], "n_predict": 8},
         "storage": {"article_words": 400, "children": 10},
+        "batch": {"seed": 4, "articles": 20, "questions": 5, "article_words": [300, 500], "n_predict": 8},
     },
     "full": {
         "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore"],
@@ -43,8 +45,12 @@ PRESETS = {
         "w1long": {"seed": 3, "users": 4, "turns": 3, "system_words": 20, "first_words": 1400, "msg_words": 30,
                    "n_predict": 16, "inflight": 2},
         "storage": {"article_words": 600, "children": 10},
+        # The seed's job: 100 articles x 10 questions, shuffled, through `kvstore batch` (bench/batch.py).
+        "batch": {"seed": 4, "articles": 100, "questions": 10, "article_words": [300, 500], "n_predict": 8},
     },
 }
+# Only the seed's batch job (bench/batch.py), at the full preset's size.
+PRESETS["batch"] = {**PRESETS["full"], "workloads": ["batch"]}
 # Several servers on one S3 store (a SeaweedFS the run starts): W1 and W3 with each user's turns alternating
 # between two `kvstore serve`, next to one server with a local store and plain llama-server; the handoff figures.
 # Sized to finish in minutes on a shared 2-core machine.
@@ -118,6 +124,8 @@ def table(results: dict) -> str:
                          f"{h['objects_read']} objects): {h['restore_cold_mb_s']} MB/s of bucket bytes from a cold "
                          f"cache vs {h['get_mb_s']} MB/s for one plain GET of as many bytes; from a warm cache "
                          f"{h['restore_warm_file_mb_s']} MB/s of state file.")
+        if block.get("batch"):
+            lines.extend(batch.table(block["batch"]))
         st = block.get("storage")
         if st:
             mb = st["mb_per_s"]
@@ -161,6 +169,13 @@ def main(argv=None) -> int:
                 finally:
                     cleanup(wd)
                 print(f"  handoff {block['handoff']}", file=sys.stderr, flush=True)
+                continue
+            if wl == "batch":
+                wd = workdir()
+                try:
+                    block["batch"] = batch.run(path, wd, cfg["parallel"], cfg["ctx_size"], cfg["batch"])
+                finally:
+                    cleanup(wd)
                 continue
             if wl == "storage":
                 wd = workdir()

@@ -27,6 +27,8 @@ def add_batch_args(sp) -> None:
     sp.add_argument("--keep-parents", action="store_true", help="keep the shared prefixes it stored as states")
     sp.add_argument("--min-saving", type=int, default=128, metavar="TOKENS",
                     help="prime a shared prefix only if it saves this many evaluated tokens (default 128)")
+    sp.add_argument("--keep-order", action="store_true", help="send in the input's order and prime nothing (as a "
+                    "plain client would; for comparisons)")
     sp.add_argument("--dry-run", action="store_true", help="plan only: tokenize, find the shared prefixes, write the "
                     "summary; send no request (prompts given as token ids need no server calls)")
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -48,7 +50,8 @@ def cmd_batch(args) -> int:
             server = stack.enter_context(_embedded(args))
         cfg = BatchConfig(input=inp, output=Path(args.output), server=server, api_key=(args.api_key or [None])[0],
                           concurrency=args.concurrency, keep_parents=args.keep_parents, quiet=args.quiet,
-                          min_saving=args.min_saving, dry_run=args.dry_run)
+                          min_saving=args.min_saving, dry_run=args.dry_run,
+                          keep_order=args.keep_order)
         try:
             summary = asyncio.run(run(cfg))
         except (ConnectionError, RuntimeError) as e:

@@ -5,9 +5,10 @@ Contract: `run(cfg)` answers every request of `cfg.input` not already answered i
 plan (`kvstore.batch.plan`) is primed once as a named state (`POST /kvstore/states/{name}`, its own parent the
 enclosing prefix) just before the first request that extends it, and every request that extends it is sent with
 `cache_prompt_parent` (unless its body names a parent of its own); the prefixes are removed at the end unless
-`keep_parents`. Against a plain llama-server requests are sent as they are, in the plan's order. A request the
-server refuses is answered with its reply (status and body); one that could not be sent (connection refused, 503
-after every retry) with an `error`. Prompts are tokenized as llama-server tokenizes them: text with BOS and
+`keep_parents`. Against a plain llama-server requests are sent as they are, in the plan's order; with
+`keep_order` in the input's order and without priming (what a plain client does: the benchmark's baseline).
+A request the server refuses is answered with its reply (status and body); one that could not be sent
+(connection refused, 503 after every retry) with an `error`. Prompts are tokenized as llama-server tokenizes them: text with BOS and
 special tokens, chat through the server's own template.
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ class BatchConfig:
     min_saving: int = 128
     timeout: float = 3600.0
     dry_run: bool = False  # plan only: tokenize and group, send nothing
+    keep_order: bool = False  # send in the input's order (no priming): what a plain client does
 
 
 @dataclass
@@ -196,7 +198,7 @@ class Batch:
 
     # ---- pass 2: send ----------------------------------------------------------------------------------------
     async def send(self, plan: Plan) -> None:
-        queue = iter(plan.order)
+        queue = iter(range(len(self.lines)) if self.cfg.keep_order else plan.order)
 
         async def worker() -> None:
             for index in queue:
@@ -209,7 +211,7 @@ class Batch:
         body = rq.body_of(self.cfg.input, line)
         body["stream"] = False
         prefix = plan.of[index]
-        if self.s.kvstore and prefix is not None and "cache_prompt_parent" not in body:
+        if self.s.kvstore and not self.cfg.keep_order and prefix is not None and "cache_prompt_parent" not in body:
             name = await self.primed(prefix)
             if name:
                 body["cache_prompt_parent"] = name
@@ -262,7 +264,7 @@ async def run(cfg: BatchConfig) -> Summary:
             await batch.read(planner)
             plan = planner.finish()
             summary.ideal, summary.prompt_tokens = plan.ideal, plan.prompt_tokens
-            summary.prefixes = len(plan.prefixes) if summary.kvstore or cfg.dry_run else 0
+            summary.prefixes = len(plan.prefixes) if (summary.kvstore and not cfg.keep_order) or cfg.dry_run else 0
             if cfg.dry_run:
                 return summary
             with tqdm(total=len(plan.order), unit="req", disable=cfg.quiet, dynamic_ncols=True,
