@@ -89,57 +89,61 @@ def test_articles_by_name_in_any_order_evaluate_each_article_once(kvserve, tmp_p
     assert not any(n.startswith("batch-") for n in names), names
 
 
-def test_resume_after_kill9_answers_every_request_once(tmp_path):
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    """One kvstore serve (SmolLM2, 2 slots) for the tests that check the command's behaviour, not its tokens."""
+    store = tmp_path_factory.mktemp("batch-smol")
+    srv = engine("smollm2", store, parallel=2, ctx=4096)
+    h = hooks(srv.url, store)
+    with stack(srv, h):
+        yield h
+
+
+def test_resume_after_kill9_answers_every_request_once(tmp_path, smol):
     """kill -9 while requests are in flight, then the same command again: nothing lost, nothing twice."""
-    store = tmp_path / "store"
-    srv = engine("smollm2", store, parallel=2, ctx=4096)
-    h = hooks(srv.url, store)
-    with stack(srv, h):
-        inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-        reqs = write_batch(inp, "shuffled", n_predict=24, name_by_article=False)
-        p = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "batch", str(inp), "-o", str(out), "--server",
-                              h.url, "-q"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
-            assert p.poll() is None, p.stderr.read()[-2000:]
-            time.sleep(0.05)
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
-        before = [json.loads(x)["custom_id"] for x in out.read_text().splitlines()]
-        assert 3 <= len(before) < len(reqs), "killed mid-run"
-        r = kv_batch(inp, "-o", out, "--server", h.url, "-q", "--summary", tmp_path / "s.json")
-        assert r.returncode == 0, r.stderr[-3000:]
-        check_output(out, {q["custom_id"] for q in reqs})
-        s = json.loads((tmp_path / "s.json").read_text())
-        assert s["skipped"] == len(set(before)) and s["answered"] == len(reqs) - len(set(before))
+    h = smol
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    reqs = write_batch(inp, "shuffled", n_predict=24, name_by_article=False)
+    p = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "batch", str(inp), "-o", str(out), "--server",
+                          h.url, "-q"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
+        assert p.poll() is None, p.stderr.read()[-2000:]
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    before = [json.loads(x)["custom_id"] for x in out.read_text().splitlines()]
+    assert 3 <= len(before) < len(reqs), "killed mid-run"
+    r = kv_batch(inp, "-o", out, "--server", h.url, "-q", "--summary", tmp_path / "s.json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    check_output(out, {q["custom_id"] for q in reqs})
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["skipped"] == len(set(before)) and s["answered"] == len(reqs) - len(set(before))
 
 
-def test_bad_lines_are_answered_with_errors_and_the_batch_goes_on(tmp_path):
-    store = tmp_path / "store"
-    srv = engine("smollm2", store, parallel=2, ctx=4096)
-    h = hooks(srv.url, store)
-    with stack(srv, h):
-        inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-        good = {"custom_id": "ok", "method": "POST", "url": "/completion",
-                "body": {"prompt": ARTICLES[0] + QUESTIONS[0], "n_predict": 2}}
-        chat = {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
-                "body": {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}}
-        lines = [json.dumps(good), "{not json", json.dumps({"method": "POST", "url": "/completion", "body": {}}),
-                 json.dumps({**good, "custom_id": "bad-url", "url": "/v1/embeddings"}), json.dumps(good),
-                 json.dumps({**good, "custom_id": "two", "body": {"prompt": ["a", "b"]}}), json.dumps(chat)]
-        inp.write_text("\n".join(lines) + "\n")
-        r = kv_batch(inp, "-o", out, "--server", h.url, "-q")
-        assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
-        docs = [json.loads(x) for x in out.read_text().splitlines()]
-        errors = {d["error"]["message"] for d in docs if d["error"]}
-        assert any("line 2 is not JSON" in m for m in errors), errors
-        assert any("line 3: missing `custom_id`" in m for m in errors), errors
-        assert any("line 4: unknown `url` '/v1/embeddings'" in m for m in errors), errors
-        assert any("line 5: duplicate custom_id 'ok'" in m for m in errors), errors
-        assert any("line 6: `prompt` must be one string" in m for m in errors), errors
-        ok = {d["custom_id"]: d["response"] for d in docs if d["error"] is None}
-        assert set(ok) == {"ok", "chat"} and all(v["status_code"] == 200 for v in ok.values())
-        assert ok["chat"]["body"]["choices"][0]["message"]["role"] == "assistant"
+def test_bad_lines_are_answered_with_errors_and_the_batch_goes_on(tmp_path, smol):
+    h = smol
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    good = {"custom_id": "ok", "method": "POST", "url": "/completion",
+            "body": {"prompt": ARTICLES[0] + QUESTIONS[0], "n_predict": 2}}
+    chat = {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}}
+    lines = [json.dumps(good), "{not json", json.dumps({"method": "POST", "url": "/completion", "body": {}}),
+             json.dumps({**good, "custom_id": "bad-url", "url": "/v1/embeddings"}), json.dumps(good),
+             json.dumps({**good, "custom_id": "two", "body": {"prompt": ["a", "b"]}}), json.dumps(chat)]
+    inp.write_text("\n".join(lines) + "\n")
+    r = kv_batch(inp, "-o", out, "--server", h.url, "-q")
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    docs = [json.loads(x) for x in out.read_text().splitlines()]
+    errors = {d["error"]["message"] for d in docs if d["error"]}
+    assert any("line 2 is not JSON" in m for m in errors), errors
+    assert any("line 3: missing `custom_id`" in m for m in errors), errors
+    assert any("line 4: unknown `url` '/v1/embeddings'" in m for m in errors), errors
+    assert any("line 5: duplicate custom_id 'ok'" in m for m in errors), errors
+    assert any("line 6: `prompt` must be one string" in m for m in errors), errors
+    ok = {d["custom_id"]: d["response"] for d in docs if d["error"] is None}
+    assert set(ok) == {"ok", "chat"} and all(v["status_code"] == 200 for v in ok.values())
+    assert ok["chat"]["body"]["choices"][0]["message"]["role"] == "assistant"
     # Nothing listening: nothing could run, exit 2 with one line.
     r = kv_batch(inp, "-o", tmp_path / "o2.jsonl", "--server", "http://127.0.0.1:9", "-q")
     assert r.returncode == 2 and "nothing could run" in r.stderr, r.stderr[-2000:]
