@@ -32,6 +32,8 @@ PRESETS = {
         "workloads": ["W1", "W2", "W3", "storage"], "parallel": 2, "ctx_size": 8192,
         "w1": {"seed": 1, "users": 6, "turns": 4, "system_words": 60, "msg_words": 40, "n_predict": 16, "inflight": 2},
         "w2": {"seed": 2, "articles": 3, "questions": 3, "article_words": [300, 500], "n_predict": 8},
+        # The polite client, then as users send it: the state named after the article, slots and 2 x slots in flight.
+        "w2_variants": [("question", 1), ("article", 1), ("article", 2), ("question", 4), ("article", 4)],
         "storage": {"article_words": 400, "children": 10},
         "batch": {"seed": 4, "articles": 20, "questions": 5, "article_words": [300, 500], "n_predict": 8},
     },
@@ -41,6 +43,8 @@ PRESETS = {
         "w1": {"seed": 1, "users": 10, "turns": 5, "system_words": 100, "msg_words": 50, "n_predict": 24,
                "inflight": 3},
         "w2": {"seed": 2, "articles": 4, "questions": 4, "article_words": [300, 600], "n_predict": 8},
+        "w2_variants": [("question", 1), ("article", 1), ("question", 2), ("article", 2), ("question", 4),
+                        ("article", 4)],
         # Returning users with ~2,000 tokens of their own history: time to first token vs re-evaluation.
         "w1long": {"seed": 3, "users": 4, "turns": 3, "system_words": 20, "first_words": 1400, "msg_words": 30,
                    "n_predict": 16, "inflight": 2},
@@ -62,6 +66,12 @@ PRESETS["s3"] = {**PRESETS["quick"], "models": ["smollm2"], "targets": ["plain",
 MULTI_SERVER_WORKLOADS = ("W1", "W3", "W1long")  # W2 has no users to move between servers
 
 
+def w2_label(order: str, parents: bool, naming: str, inflight: int) -> str:
+    """W2's row label; the polite client (a name per question, one request at a time) keeps the old label."""
+    extra = "" if (naming, inflight) == ("question", 1) else f" name={naming} x{inflight}"
+    return f"W2 {order}{extra}{' +parents' if parents else ''}"
+
+
 def run_workload(name: str, spec, model: str, cfg: dict) -> list:
     """One fresh target per workload variant, so no run inherits another's cache."""
     rows = []
@@ -69,7 +79,9 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
         "W1": [("W1", lambda t: workloads.run_w1(t, cfg["w1"]))],
         "W3": [("W3 restart", lambda t: workloads.run_w1(t, cfg["w1"], restart_at=max(1, cfg["w1"]["turns"] // 2)))],
         "W1long": [("W1 long history", lambda t: workloads.run_w1(t, cfg["w1long"]))],
-        "W2": [(f"W2 {o}{' +parents' if par else ''}", (lambda o=o, par=par: lambda t: workloads.run_w2(t, cfg["w2"], o, par))())
+        "W2": [(w2_label(o, par, nm, k), (lambda o=o, par=par, nm=nm, k=k:
+                                           lambda t: workloads.run_w2(t, cfg["w2"], o, par, nm, k))())
+               for nm, k in cfg.get("w2_variants", [("question", 1)])
                for o in ("article-major", "question-major")
                for par in ((False, True) if spec.kind == "kvstore" else (False,))],
     }[name]
