@@ -1,0 +1,119 @@
+"""Which stored state to cut for a prompt, and where: the SWA prefix decision (docs/design.md "Prefix states").
+
+Contract: pure decisions plus the store reads they need (a stored state's tokens); no slot is written and
+nothing is restored here: `Broker` restores the chosen `Cut` through `Transfer.restore_cut` and records lineage.
+
+On an SWA model (Gemma 2/3, ...) a restored state helps only if llama-server finds a context checkpoint at or
+before the point where the prompt leaves it; otherwise it re-evaluates the whole prompt. So among the request's
+own name, its parent and the longest stored prefix (any state of the namespace), the state sharing the most
+tokens with the prompt is cut at that common prefix P when the prompt leaves it before its end
+(`Store.materialize_prefix`), with a checkpoint at P, and llama-server evaluates only the tokens after P. A cut
+that cannot be emitted (window rows not stored) is never handed to llama-server; the caller then serves the
+request as before and counts it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from kvstore.errors import NameNotFound
+
+from .naming import Naming
+from .slot import Lease, common_prefix
+from .store import AsyncStore
+
+# Order of preference among equal common prefixes: the request's own state, its parent, any other state.
+KINDS = ("restored", "parent", "prefix")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str  # one of KINDS: the X-KV-Cache value when it wins
+    name: Optional[str]  # a stored name, or None for a bare manifest (lookup hit without a live name)
+    manifest_id: Optional[str]
+    n_tokens: int  # tokens of the stored state
+    n_common: int  # common prefix with the prompt
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The decision: cut `source` at `at` tokens (P)."""
+
+    source: Candidate
+    at: int
+
+
+def applies(fingerprint: Mapping[str, str], layout: Optional[str]) -> bool:
+    """Cut only an attention-only SWA cache: the model has a sliding window, and the server's layout (once known)
+    has no recurrent section, whose state is one value for the whole sequence (docs/design.md "Recurrent and
+    hybrid models"; the store refuses such a cut too)."""
+    return int(fingerprint.get("n_swa") or 0) > 0 and "rec[" not in (layout or "")
+
+
+def best(candidates: Sequence[Candidate], min_tokens: int) -> Optional[Candidate]:
+    """The candidate with the longest common prefix (at least `min_tokens`), preferring KINDS' order on ties."""
+    usable = [c for c in candidates if c.n_common >= max(1, min_tokens)]
+    if not usable:
+        return None
+    return max(usable, key=lambda c: (c.n_common, -KINDS.index(c.kind)))
+
+
+def cut_point(c: Candidate, n_prompt: int) -> int:
+    """P: where the chosen state is cut (never beyond the state, and short of the prompt's end: llama-server
+    evaluates at least the prompt's last token, so a cut at the prompt's end would need a checkpoint before it)."""
+    return min(c.n_common, c.n_tokens, n_prompt - 1)
+
+
+def swa_cells(n_swa: int, n_ubatch: int, n_ctx_slot: int, kv_unified: bool, swa_full: bool, n_seq: int) -> int:
+    """llama.cpp's SWA cache size in cells per stream (llama_kv_cache_iswa): what a filled cut may hold.
+
+    0 when it is not known to be a per-slot ring (unified cache or --swa-full): the cut then carries the window
+    alone, which restores everywhere."""
+    if n_swa <= 0 or kv_unified or swa_full:
+        return 0
+    return (min(n_ctx_slot, n_swa + n_ubatch) + 255) // 256 * 256  # GGML_PAD(..., 256), llama-kv-cache-iswa.cpp
+
+
+async def choose(store: AsyncStore, namespace: str, name: Optional[str], parent: Optional[str],
+                 tokens: Sequence[int], hint: Optional[dict], min_tokens: int) -> Optional[Candidate]:
+    """The stored state to cut for a prompt: the request's own name, its parent, or the lookup `hint` (the longest
+    stored prefix of the namespace), whichever shares the most tokens."""
+    cands: list[Candidate] = []
+    for kind, n in (("restored", name), ("parent", parent)):
+        if not n:
+            continue
+        try:
+            st = await store.tokens(n, namespace=namespace)
+        except NameNotFound:
+            continue
+        cands.append(Candidate(kind, n, None, len(st), common_prefix(st, tokens)))
+    if hint is not None:
+        cands.append(Candidate("prefix", hint.get("name") or None, hint["manifest_id"], int(hint["n_tokens"]),
+                               int(hint["n_common"])))
+    return best(cands, min_tokens)
+
+
+def in_place(lease: Lease) -> int:
+    """The tokens llama-server keeps of a slot reused in place, on an SWA model: all `lcp` only when the prompt
+    extends the slot's whole prompt (it then rolls back at most to its checkpoint near the end). A prompt that
+    leaves it earlier (the next question on the same article) makes llama-server roll back to a checkpoint
+    before the fork or re-evaluate everything, so a cut of the stored state (saved when the slot was relabelled)
+    is worth more (bench W2 article-major without parents, README)."""
+    return lease.lcp if lease.lcp >= len(lease.slot.tokens) else 0
+
+
+async def plan(store: AsyncStore, lease: Lease, naming: Naming, tokens: Sequence[int], hint: Optional[dict],
+               min_tokens: int) -> Optional[Cut]:
+    """The cut worth restoring into the leased slot for this prompt, or None when nothing beats the slot's own
+    content: the caller then goes on as on any other model."""
+    c = await choose(store, naming.namespace, naming.name, naming.parent, tokens, hint, min_tokens)
+    if c is None or c.n_common <= in_place(lease) or (c.n_common >= c.n_tokens and c.kind == "restored"):
+        # A prompt that extends the whole of its own state restores it whole, as before: llama-server then rolls
+        # back to its own last checkpoint (~5 tokens) exactly as if the state had kept its slot, so a returning
+        # user's reply is token for token the one it would have had (tests/hooks/test_hooks_users.py). A parent
+        # or another stored state is cut at its end instead: a checkpoint at P, so nothing is evaluated twice.
+        return None
+    p = cut_point(c, len(tokens))
+    if p <= in_place(lease):
+        return None
+    return Cut(c, p)
