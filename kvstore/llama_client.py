@@ -1,6 +1,6 @@
 """The synchronous llama-server client (urllib, timeouts, no dependencies): a transport over `kvstore.llama`.
 
-Used by `kvstore.save`/`kvstore.restore` and the CLI. It talks to a plain `llama-server` or to a `kvstore serve`
+Contract: used by `kvstore.save`/`kvstore.restore` and the CLI. It talks to a plain `llama-server` or to a `kvstore serve`
 proxy in front of one (`is_kvstore()` tells them apart). Request shapes, tokenize semantics and error bodies are
 `kvstore.llama`'s; this module sends them and raises `ServerError`. Every slot id is checked against the server's
 slot count first (llama-server silently wraps a wrong one).

@@ -1,7 +1,7 @@
 """The async llama-server client: one shared aiohttp ClientSession, small JSON calls, streamed forwarding.
 
-A transport over `kvstore.llama` (request shapes, tokenize semantics): the same calls as the sync
-`kvstore.server.LlamaServer`, raising `UpstreamError` (unreachable: 502) or `UpstreamReply` (an error status, passed
+Contract: a transport over `kvstore.llama` (request shapes, tokenize semantics): the same calls as the sync
+`kvstore.llama_client.LlamaServer`, raising `UpstreamError` (unreachable: 502) or `UpstreamReply` (an error status, passed
 on). `forward` streams a client's request and llama-server's reply chunk by chunk (SSE is never buffered).
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import aiohttp
 from aiohttp import web
@@ -56,7 +56,7 @@ def reply_headers(headers) -> dict[str, str]:
 
 class Upstream:
     def __init__(self, url: str, session: aiohttp.ClientSession, *, first_byte: float = FIRST_BYTE_TIMEOUT,
-                 idle: float = IDLE_TIMEOUT, on_error: Optional[callable] = None, api_key: Optional[str] = None,
+                 idle: float = IDLE_TIMEOUT, on_error: Optional[Callable[[], None]] = None, api_key: Optional[str] = None,
                  strip_client_key: bool = False):
         """api_key: llama-server's own --api-key, sent on every call in place of the client's. strip_client_key:
         never pass a client's Authorization on (with tenant keys it is kvstore's key, not llama-server's)."""
@@ -138,7 +138,7 @@ class Upstream:
         return resp
 
     async def forward(self, request: web.Request, path: str, *, body: Optional[bytes] = None,
-                      extra_headers: Optional[dict] = None, tee: Optional[callable] = None) -> web.StreamResponse:
+                      extra_headers: Optional[dict] = None, tee: Optional[Callable[[bytes], None]] = None) -> web.StreamResponse:
         """Stream `request` to llama-server and its reply back, chunk by chunk.
 
         body: replacement body bytes (else the request body is streamed through). extra_headers: set on the
