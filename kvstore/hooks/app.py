@@ -1,6 +1,6 @@
 """The hooks application: its lifecycle (configuration and parts: `wiring.py`; endpoints: `routes.ROUTES`).
 
-Contract: `build_app(cfg)` returns an aiohttp application whose cleanup context (`Hooks.context`) opens one ClientSession and
+Contract: `build_app(cfg)` returns an aiohttp application whose cleanup context (`Hooks.context`) opens one httpx client and
 the store, clears the sync directory and returns at once: the server listens while `_connect` waits for
 llama-server (until then every request is a 503 with Retry-After, and `/health` says why), then reads its
 fingerprint and builds the slot table. Background: the idle saver; the upstream watch (a restarted llama-server
@@ -15,7 +15,6 @@ import contextlib
 import logging
 from typing import AsyncIterator, Optional
 
-import aiohttp
 from aiohttp import web
 
 from kvstore import llama
@@ -32,6 +31,7 @@ from .store import AsyncStore
 from .syncdir import SyncDir
 from .transfer import Transfer
 from .upstream import KEEPALIVE, Upstream
+from .upstream import client as upstream_client
 from .wiring import HooksConfig, Wired
 
 __all__ = ["HOOKS", "Hooks", "HooksConfig", "build_app"]
@@ -63,11 +63,9 @@ class Hooks:
         return self._wired
 
     async def context(self, app: web.Application) -> AsyncIterator[None]:
-        """aiohttp cleanup context: one ClientSession and the store now, llama-server when it answers (in the
+        """aiohttp cleanup context: one httpx client and the store now, llama-server when it answers (in the
         background); save everything on the way out."""
-        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-                                        connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE),
-                                        auto_decompress=False)
+        session = upstream_client(KEEPALIVE)
         try:
             up = Upstream(self.cfg.upstream, session, first_byte=self.cfg.upstream_timeout,
                           idle=self.cfg.upstream_idle_timeout, on_error=self._check.set,
@@ -89,7 +87,7 @@ class Hooks:
                     log.info("hooks: saved %d dirty slot(s) on shutdown", n)
                 except Exception as e:  # noqa: BLE001 - report, still close
                     log.error("hooks: saving slots on shutdown failed: %s", e)
-            await session.close()
+            await session.aclose()
 
     async def wait_ready(self, timeout: float) -> None:
         """Until llama-server has answered and the slot table is built (tests, embedding); raises if connecting
