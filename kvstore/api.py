@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 from kvstore import config
 from kvstore.config import temp_state_name
 from kvstore.errors import ServerError
-from kvstore.server import LlamaServer
+from kvstore.llama_client import LlamaServer
 
 from kvstore._core import Store, hash_file, inspect_state, validate_name
 

@@ -23,7 +23,7 @@ from kvstore.maintenance import (_store, cmd_gc, cmd_info, cmd_ingest, cmd_ls, c
 
 def _server_and_store(args):
     """The server, and the store to use with it: none for a `kvstore serve` (it uses its own)."""
-    from kvstore.server import LlamaServer
+    from kvstore.llama_client import LlamaServer
 
     srv = LlamaServer(args.server, api_key=args.api_key)
     return srv, (None if srv.is_kvstore() else _store(args))

@@ -1,8 +1,8 @@
 """What kvstore knows about llama-server's HTTP API: paths, request shapes, reply fields, error bodies.
 
-Pure data in, data out: no transport, no I/O. The two clients are thin transports over it:
-`kvstore.server.LlamaServer` (sync, urllib; `kvstore.save`/`restore`, the CLI) and `kvstore.hooks.upstream.Upstream`
-(async, aiohttp; the proxy). A change in llama-server's API is made here once.
+Contract: pure data in, data out: no transport, no I/O. The two clients are thin transports over it:
+`kvstore.llama_client.LlamaServer` (sync; `kvstore.save`/`restore`, the CLI) and `kvstore.hooks.upstream.Upstream`
+(async; the proxy), both on httpx. A change in llama-server's API is made here once.
 
 Tokenizing: llama-server tokenizes a text prompt of `/completion` with `add_special` (BOS, when the model's
 vocabulary asks for one) and `parse_special` (`<|im_start|>` is one token, not text). `tokenize_request(text)`

@@ -179,7 +179,7 @@ def _same_content(entry: dict, path: Path) -> bool:
 
 def cmd_sync(args) -> int:
     from kvstore.api import validate_name
-    from kvstore.server import LlamaServer
+    from kvstore.llama_client import LlamaServer
 
     d = Path(args.dir)
     if not d.is_dir():

@@ -1,6 +1,6 @@
-"""The hooks application: its configuration, its lifecycle, its route table.
+"""The hooks application: its lifecycle (configuration and parts: `wiring.py`; endpoints: `routes.ROUTES`).
 
-`build_app(cfg)` returns an aiohttp application whose cleanup context (`Hooks.context`) opens one ClientSession and
+Contract: `build_app(cfg)` returns an aiohttp application whose cleanup context (`Hooks.context`) opens one httpx client and
 the store, clears the sync directory and returns at once: the server listens while `_connect` waits for
 llama-server (until then every request is a 503 with Retry-After, and `/health` says why), then reads its
 fingerprint and builds the slot table. Background: the idle saver; the upstream watch (a restarted llama-server
@@ -13,78 +13,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Optional, Union
+from typing import AsyncIterator, Optional
 
-import aiohttp
 from aiohttp import web
 
 from kvstore import llama
-from kvstore.config import Location, locate
 from kvstore.fingerprint import server_fingerprint
 
-from .auth import Tenancy
 from .broker import Broker
+from .errors import Unavailable, UpstreamError, UpstreamReply
 from .handlers import Handlers
 from .metrics import Metrics
-from .errors import Unavailable, UpstreamError, UpstreamReply
 from .middleware import error, error_middleware
-from .routes import CHAT_PATHS, COMPLETION_PATHS, PASSTHROUGH_GET, PASSTHROUGH_POST, SLOT_ONLY_PATHS, gate
+from .routes import add_routes, gate
 from .slots import SlotTable
 from .store import AsyncStore
 from .syncdir import SyncDir
 from .transfer import Transfer
-from .upstream import FIRST_BYTE_TIMEOUT, IDLE_TIMEOUT, KEEPALIVE, Upstream
+from .upstream import KEEPALIVE, Upstream
+from .upstream import client as upstream_client
+from .wiring import HooksConfig, Wired
+
+__all__ = ["HOOKS", "Hooks", "HooksConfig", "build_app"]
 
 log = logging.getLogger("kvstore.hooks")
 
 
-@dataclass
-class HooksConfig:
-    upstream: str  # llama-server URL
-    # A store directory, `s3://BUCKET/PREFIX` (with `cache`, `cache_size`) or a Location; llama-server's
-    # --slot-save-path must be the location's `sync` (<store>/sync, or <cache>/sync for S3).
-    store: Union[Path, str, Location]
-    name_from_user: bool = False
-    idle_save: float = 30.0  # seconds; <= 0 disables
-    max_queue: int = 64
-    fingerprint_extra: dict = field(default_factory=dict)  # added to the server fingerprint (e.g. swa_full)
-    upstream_timeout: float = FIRST_BYTE_TIMEOUT  # seconds to a reply's first byte (a non-streamed reply: all of it)
-    upstream_idle_timeout: float = IDLE_TIMEOUT  # seconds between two chunks of a reply
-    watch_period: float = 2.0  # seconds between checks for a restarted llama-server (also after connection errors)
-    sync_sweep: float = 60.0  # a foreign file in the sync dir is removed once this old (checked this often)
-    tenancy: Tenancy = field(default_factory=Tenancy)  # API keys -> namespaces; none: single-tenant
-    upstream_api_key: Optional[str] = None  # llama-server's own --api-key (the embedded server's is random)
-    embedded: bool = False  # the upstream is kvstore serve's own (its prompt cache is off when keys are set)
-    # SWA models: the server's SWA cache cells per slot (hooks/prefix.py swa_cells), so a cut keeps a fresh
-    # evaluation's cell layout; 0 when unknown (an external llama-server): the cut carries the window alone.
-    swa_cells: int = 0
-    cache: Optional[Path] = None  # an S3 store's cache directory (default: config.default_cache_dir)
-    cache_size: Optional[int] = None  # bytes
-
-    @property
-    def location(self) -> Location:
-        if isinstance(self.store, Location):
-            return self.store
-        return locate(self.store, cache=self.cache, cache_size=self.cache_size)
-
-
 class Hooks:
-    """Everything one running hooks server shares; filled in by `context` before the first request."""
+    """Everything one running hooks server shares: `wired` once llama-server has answered (`Wired`)."""
 
     def __init__(self, cfg: HooksConfig):
         self.cfg = cfg
         self.metrics = Metrics()
         self.location = cfg.location
         self.sync = SyncDir(self.location.sync)
-        self.session: Optional[aiohttp.ClientSession] = None
-        self.up: Optional[Upstream] = None
-        self.store: Optional[AsyncStore] = None
-        self.table: Optional[SlotTable] = None
-        self.transfer: Optional[Transfer] = None
-        self.broker: Optional[Broker] = None
-        self.n_slots = 0
+        self._wired: Optional[Wired] = None
         self.ready = asyncio.Event()
         self.waiting_for = "starting"  # why requests are refused until `ready` (the /health reply)
         self._tasks: list[asyncio.Task] = []
@@ -92,27 +55,25 @@ class Hooks:
         self._epoch: dict[int, int] = {}  # slot id -> the highest id_task seen (task ids only grow in one process)
 
     @property
-    def fingerprint(self) -> dict[str, str]:
-        return self.transfer.fingerprint if self.transfer else {}
+    def wired(self) -> Wired:
+        """The connected server's parts; Unavailable before llama-server has answered (`ready_middleware` keeps
+        every handler from getting here that early)."""
+        if self._wired is None:
+            raise Unavailable(f"not ready: {self.waiting_for}")
+        return self._wired
 
-    @property
-    def layout(self) -> Optional[str]:
-        return self.transfer.layout if self.transfer else None
-
-    async def context(self, app: web.Application):
-        """aiohttp cleanup context: one ClientSession and the store now, llama-server when it answers (in the
+    async def context(self, app: web.Application) -> AsyncIterator[None]:
+        """aiohttp cleanup context: one httpx client and the store now, llama-server when it answers (in the
         background); save everything on the way out."""
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-                                             connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE),
-                                             auto_decompress=False)
+        session = upstream_client(KEEPALIVE)
         try:
-            self.up = Upstream(self.cfg.upstream, self.session, first_byte=self.cfg.upstream_timeout,
-                               idle=self.cfg.upstream_idle_timeout, on_error=self._check.set,
-                               api_key=self.cfg.upstream_api_key, strip_client_key=self.cfg.tenancy.enabled)
-            self.store = await AsyncStore.open(self.location)
-            self.store.on_remote_failure = lambda: self.metrics.inc("remote_failures")
+            up = Upstream(self.cfg.upstream, session, first_byte=self.cfg.upstream_timeout,
+                          idle=self.cfg.upstream_idle_timeout, on_error=self._check.set,
+                          api_key=self.cfg.upstream_api_key, strip_client_key=self.cfg.tenancy.enabled)
+            store = await AsyncStore.open(self.location)
+            store.on_remote_failure = lambda: self.metrics.inc("remote_failures")
             self.sync.sweep()  # nothing of ours is in use yet: everything there is left over
-            self._tasks.append(asyncio.create_task(self._connect()))
+            self._tasks.append(asyncio.create_task(self._connect(up, store)))
             yield
         finally:
             for t in self._tasks:
@@ -120,14 +81,13 @@ class Hooks:
             for t in self._tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
-            if self.table is not None:
+            if self._wired is not None:
                 try:
-                    n = await self.table.save_all()
+                    n = await self._wired.table.save_all()
                     log.info("hooks: saved %d dirty slot(s) on shutdown", n)
                 except Exception as e:  # noqa: BLE001 - report, still close
                     log.error("hooks: saving slots on shutdown failed: %s", e)
-            await self.session.close()
-            self.store = None
+            await session.aclose()
 
     async def wait_ready(self, timeout: float) -> None:
         """Until llama-server has answered and the slot table is built (tests, embedding); raises if connecting
@@ -139,47 +99,49 @@ class Hooks:
         finally:
             ready.cancel()
         if not self.ready.is_set():
-            if connect.done() and connect.exception() is not None:
-                raise connect.exception()
+            failed = connect.exception() if connect.done() else None
+            if failed is not None:
+                raise failed
             raise UpstreamError(f"not ready after {timeout:.0f} s: {self.waiting_for}")
 
-    async def _connect(self) -> None:
+    async def _connect(self, up: Upstream, store: AsyncStore) -> None:
         try:
-            await self._connect_once()
+            await self._connect_once(up, store)
         except Exception as e:  # noqa: BLE001 - reported by /health and the 503s, and logged
             self.waiting_for = f"start-up failed: {e}"
             log.error("hooks: %s", self.waiting_for)
             raise
 
-    async def _connect_once(self) -> None:
+    async def _connect_once(self, up: Upstream, store: AsyncStore) -> None:
         """Wait for llama-server (as long as it takes; SIGTERM cancels), then build the slot table and go ready."""
         first = True
         while True:
             try:
-                props = await self.up.call("GET", llama.PROPS, timeout=10)
+                props = await up.call("GET", llama.PROPS, timeout=10)
                 break
             except (UpstreamError, UpstreamReply) as e:
-                self.waiting_for = f"waiting for llama-server at {self.up.url}: {e}"
+                self.waiting_for = f"waiting for llama-server at {up.url}: {e}"
                 if first:
                     log.warning("hooks: %s; answering 503 until it is ready", self.waiting_for)
                     first = False
                 await asyncio.sleep(0.5)
-        models = await self.up.models()
-        self.n_slots = int(props.get("total_slots") or 1)
+        models = await up.models()
+        n_slots = int(props.get("total_slots") or 1)
         fp = await asyncio.to_thread(server_fingerprint, props, models)
         fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
-        self.transfer = Transfer(self.up, self.store, self.sync, self.metrics, n_slots=self.n_slots, fingerprint=fp,
-                                 swa_cells=self.cfg.swa_cells)
-        self.table = SlotTable(self.n_slots, save=self.transfer.save, max_queue=self.cfg.max_queue,
-                               erase=lambda s: self.up.slot_action(s.id, "erase"))
-        self.broker = Broker(self.up, self.store, self.transfer, self.table, self.metrics)
-        await self._restarted()  # the first look at the slots' task ids
+        transfer = Transfer(up, store, self.sync, self.metrics, n_slots=n_slots, fingerprint=fp,
+                            swa_cells=self.cfg.swa_cells)
+        table = SlotTable(n_slots, save=transfer.save, max_queue=self.cfg.max_queue,
+                          erase=lambda s: up.slot_action(s.id, "erase"))
+        broker = Broker(up, store, transfer, table, self.metrics)
+        await self._restarted(up)  # the first look at the slots' task ids
+        self._wired = wired = Wired(up=up, store=store, transfer=transfer, table=table, broker=broker,
+                                    n_slots=n_slots)
         if self.cfg.idle_save > 0:
-            self._tasks.append(asyncio.create_task(self._idle_loop()))
-        self._tasks.append(asyncio.create_task(self._watch_loop()))
+            self._tasks.append(asyncio.create_task(self._idle_loop(wired)))
+        self._tasks.append(asyncio.create_task(self._watch_loop(wired)))
         self.ready.set()
-        log.info("hooks: upstream %s, %d slots, store %s, fingerprint %s", self.up.url, self.n_slots,
-                 self.cfg.store, fp)
+        log.info("hooks: upstream %s, %d slots, store %s, fingerprint %s", up.url, n_slots, self.cfg.store, fp)
         self._log_tenancy(props)
 
     def _log_tenancy(self, props: dict) -> None:
@@ -197,16 +159,16 @@ class Hooks:
                         "prefix to another: start the external llama-server with --cache-ram 0",
                         "unknown" if cache is None else cache)
 
-    async def _idle_loop(self) -> None:
+    async def _idle_loop(self, wired: Wired) -> None:
         period = max(0.2, min(self.cfg.idle_save / 4, 5.0))
         while True:
             await asyncio.sleep(period)
             try:
-                await self.table.save_idle(self.cfg.idle_save)
+                await wired.table.save_idle(self.cfg.idle_save)
             except Exception as e:  # noqa: BLE001 - keep the loop alive
                 log.error("hooks: idle save failed: %s", e)
 
-    async def _watch_loop(self) -> None:
+    async def _watch_loop(self, wired: Wired) -> None:
         """Every `watch_period` s, and at once after a connection error: has llama-server restarted? Every
         `sync_sweep` s: remove foreign files from the sync dir."""
         loop = asyncio.get_running_loop()
@@ -218,12 +180,12 @@ class Hooks:
                     await self._check.wait()
             self._check.clear()
             try:
-                if await self._restarted():
+                if await self._restarted(wired.up):
                     self.metrics.inc("upstream_restarts")
-                    for slot in self.table.slots:
-                        self.table.lost(slot)
+                    for slot in wired.table.slots:
+                        wired.table.lost(slot)
                     log.warning("hooks: llama-server at %s restarted: its slots are empty; names are restored from "
-                                "the store on their next request", self.up.url)
+                                "the store on their next request", wired.up.url)
                 if loop.time() >= next_sweep:
                     next_sweep = loop.time() + self.cfg.sync_sweep
                     await asyncio.to_thread(self.sync.sweep, self.cfg.sync_sweep)
@@ -234,12 +196,12 @@ class Hooks:
         """Ask the watch loop for a restart check now (it runs at most twice a second)."""
         self._check.set()
 
-    async def _restarted(self) -> bool:
+    async def _restarted(self, up: Upstream) -> bool:
         """Compare the slots' task ids (`GET /slots`; kept across save, restore and erase) with those seen before: a
         task id never decreases within one llama-server process, so a lower one, or none where there was one, means a
         new process whose slots are empty. Unreachable: unknown (False), checked again."""
         try:
-            slots = await self.up.call("GET", llama.SLOTS, timeout=10)
+            slots = await up.call("GET", llama.SLOTS, timeout=10)
         except (UpstreamError, UpstreamReply) as e:
             log.debug("hooks: restart check: %s", e)
             return False
@@ -276,19 +238,5 @@ def build_app(cfg: HooksConfig) -> web.Application:
                           middlewares=[error_middleware, gate(cfg.tenancy), ready_middleware])
     app[HOOKS] = hooks
     app.cleanup_ctx.append(hooks.context)
-    r = app.router
-    for p in COMPLETION_PATHS + CHAT_PATHS + SLOT_ONLY_PATHS:
-        r.add_post(p, h.completion)
-    r.add_post("/slots/{id}", h.slot_action)
-    r.add_get("/kvstore/states", h.state_list)
-    r.add_post("/kvstore/states/{name}", h.prime)
-    r.add_get("/kvstore/states/{name}", h.state_info)
-    r.add_delete("/kvstore/states/{name}", h.state_delete)
-    r.add_get("/kvstore/stats", h.stats)
-    r.add_get("/kvstore/", h.status_page)
-    r.add_get("/metrics", h.prometheus)
-    for p in PASSTHROUGH_GET:  # the allowlist (routes.py) is checked on the raw path before routing
-        r.add_get(p, h.passthrough, allow_head=False)
-    for p in PASSTHROUGH_POST:
-        r.add_post(p, h.passthrough)
+    add_routes(app.router, h)
     return app

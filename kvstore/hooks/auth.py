@@ -1,6 +1,6 @@
 """Who is calling: API keys -> namespaces (`Tenancy`), and the `Caller` a request is served as. No aiohttp.web.
 
-Without keys the server is single-tenant: every client is trusted, `X-KV-Namespace` (else a hash of the bearer key)
+Contract: without keys the server is single-tenant: every client is trusted, `X-KV-Namespace` (else a hash of the bearer key)
 only labels states. With keys (`--api-key`, `--api-key-file`, `--admin-api-key`) a request needs
 `Authorization: Bearer KEY` (401 otherwise); its namespace is the key's, `X-KV-Namespace` naming another one is 403
 unless the key may set it (`--allow-namespace-header`, or `namespace-header` in the key file); an admin key sees and

@@ -6,7 +6,7 @@ sharing a longer prefix than the store has (only when the request has nothing of
 slot into which the name, the parent or the longest stored prefix is restored. It yields
 (lease, X-KV-Cache kind, tokens restored). A failed restore is a miss, never an error.
 
-The other operations (`prime`, `save_raw`, `restore_raw`, `erase`, `delete`, `info`) are the state and slot API's
+Contract: the other operations (`prime`, `save_raw`, `restore_raw`, `erase`, `delete`, `info`) are the state and slot API's
 steps; they return plain dicts and raise `errors.NotFound` / `RestoreFailed` / `UpstreamError` / `QueueFull`,
 which the handlers and the error middleware turn into replies. Slot fields are only written through `SlotTable`.
 """
@@ -15,17 +15,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Awaitable, Callable, Optional
+from typing import AsyncIterator, Awaitable, Callable, Optional
 
-from . import prefix as pf
+from . import cut
 from .auth import Caller
 from .errors import (BadRequest, Forbidden, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply,
                      remote_unavailable)
 from .metrics import Metrics
 from .naming import Naming
-from .slots import Lease, Slot, SlotTable
+from .slot import Lease, Slot
+from .slots import SlotTable
 from .store import AsyncStore
 from .transfer import Transfer
+from .upstream import Upstream
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -46,9 +48,9 @@ class Once:
     def __init__(self, fn: TokensFn):
         self._fn = fn
         self._done = False
-        self.value: Any = None
+        self.value: Optional[list[int]] = None
 
-    async def __call__(self) -> Any:
+    async def __call__(self) -> Optional[list[int]]:
         if not self._done:
             self.value = await self._fn()
             self._done = True
@@ -56,7 +58,7 @@ class Once:
 
 
 class Broker:
-    def __init__(self, up: Any, store: AsyncStore, transfer: Transfer, table: SlotTable, metrics: Metrics):
+    def __init__(self, up: Upstream, store: AsyncStore, transfer: Transfer, table: SlotTable, metrics: Metrics):
         self.up, self.store, self.transfer, self.table, self.metrics = up, store, transfer, table, metrics
         self.block_size = store.block_size
 
@@ -129,11 +131,11 @@ class Broker:
             return "parent", 0
         ns, slot = naming.namespace, lease.slot
         try:
-            if pf.applies(self.transfer.fingerprint, self.transfer.layout):  # SWA: cut at the common prefix
+            if cut.applies(self.transfer.fingerprint, self.transfer.layout):  # SWA: cut at the common prefix
                 with contextlib.suppress(NotStored):
-                    cut = await pf.restore_cut(self, lease, naming, await tokens_fn(), hint)
-                    if cut is not None:
-                        return cut
+                    done = await self._restore_cut(lease, naming, await tokens_fn(), hint)
+                    if done is not None:
+                        return done
             if naming.name:
                 with contextlib.suppress(NotStored):
                     r = await self.transfer.restore(lease, ns, name=naming.name)
@@ -141,22 +143,49 @@ class Broker:
             if naming.parent:
                 with contextlib.suppress(NotStored):
                     r = await self.transfer.restore(lease, ns, name=naming.parent)
-                    self.table.set_parent(slot, naming.parent if naming.name else None)
+                    self._built_on(slot, naming, "parent", naming.parent)
                     return "parent", int(r.get("n_restored") or 0)
             if not looked_up and naming.name:
                 hint = await self.lookup(ns, await tokens_fn())
             if hint is not None and int(hint["n_common"]) > lease.lcp:
                 with contextlib.suppress(NotStored):
                     r = await self.transfer.restore(lease, ns, manifest_id=hint["manifest_id"])
-                    if naming.name and hint.get("name") and hint["name"] != naming.name:
-                        self.table.set_parent(slot, hint["name"])
+                    self._built_on(slot, naming, "prefix", hint.get("name"))
                     return "prefix", int(r.get("n_restored") or 0)
         except RestoreFailed:
             return "miss", 0
         return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
 
+    async def _restore_cut(self, lease: Lease, naming: Naming, tokens: Optional[list[int]], hint: Optional[dict]
+                           ) -> Optional[tuple[str, int]]:
+        """SWA models: restore the stored state `cut.plan` chooses, cut at its common prefix P with the prompt.
+        Returns (X-KV-Cache kind, P), or None (nothing worth cutting, or the cut cannot be emitted)."""
+        if not tokens:
+            return None
+        if hint is None:
+            hint = await self.lookup(naming.namespace, tokens)
+        chosen = await cut.plan(self.store, lease, naming, tokens, hint, self.block_size)
+        if chosen is None:
+            return None
+        c = chosen.source
+        r = await self.transfer.restore_cut(lease, naming.namespace, chosen.at,
+                                            name=c.name if c.kind != "prefix" else None, manifest_id=c.manifest_id)
+        if r is None:
+            return None
+        self._built_on(lease.slot, naming, c.kind, c.name)
+        return c.kind, int(r.get("n_restored") or 0)
+
+    def _built_on(self, slot: Slot, naming: Naming, kind: str, source: Optional[str]) -> None:
+        """Record the lineage of a state restored from another (recorded at its next save): a parent, or (for a
+        named request) the named stored state whose prefix it restored."""
+        if kind == "parent":
+            self.table.set_parent(slot, naming.parent if naming.name else None)
+        elif kind == "prefix" and naming.name and source and source != naming.name:
+            self.table.set_parent(slot, source)
+
     @contextlib.asynccontextmanager
-    async def hold(self, naming: Naming, tokens_fn: TokensFn, *, plan: bool = True):
+    async def hold(self, naming: Naming, tokens_fn: TokensFn, *, plan: bool = True
+                   ) -> AsyncIterator[tuple[Lease, str, int]]:
         """Hold a slot for a request and bring the best state into it: yields (lease, X-KV-Cache kind, restored).
 
         plan: consider in-place reuse of an idle slot's content (see plan()); False for never-named requests.
@@ -177,7 +206,7 @@ class Broker:
                 raise
 
     # ---- the state and slot API --------------------------------------------------------------------------------
-    async def prime(self, naming: Naming, prompt: Any) -> dict:
+    async def prime(self, naming: Naming, prompt: object) -> dict:
         """Evaluate `prompt` (n_predict 0) into a slot and store it under the name."""
         tokens_fn = Once(lambda: self.prompt_tokens({"prompt": prompt}, False))
         async with self.hold(naming, tokens_fn) as (lease, kind, n_restored):

@@ -1,12 +1,12 @@
-"""The proxy's own exceptions (no aiohttp): what a handler, the broker or the upstream client may raise.
+"""The proxy's own exceptions (no aiohttp): what a handler, the broker, the slot table or the upstream client
+may raise.
 
-Each maps to one HTTP status in `middleware.py`; the store's exceptions (`kvstore.errors`) are mapped there too.
+Contract: each maps to one HTTP status in `middleware.py` (the store's exceptions, `kvstore.errors`, are mapped
+there too). This module imports nothing of the proxy's, so every other module of it may import this one.
 """
 from __future__ import annotations
 
 from kvstore.errors import GcLocked, RemoteUnavailable  # noqa: F401 - re-exported for the table in middleware.py
-
-from .slot import QueueFull  # noqa: F401 - re-exported: every slot is busy and the wait queue is full (503)
 
 
 class BadRequest(Exception):
@@ -44,6 +44,14 @@ class UpstreamTimeout(UpstreamError):
 class Unavailable(Exception):
     """The hooks cannot serve now (llama-server not ready yet, or a slot that could not be saved): 503 +
     Retry-After."""
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the wait queue is at its bound (503 + Retry-After)."""
+
+
+class SaveFailed(Unavailable):
+    """A dirty slot could not be saved before reuse (it keeps its state)."""
 
 
 class UpstreamReply(Exception):

@@ -1,12 +1,12 @@
 """The HTTP handlers: parse a request, call the broker (or the store, or llama-server), shape the reply.
 
-Thin by design: what to restore or save is `broker.py`'s, slot fields are `SlotTable`'s, and errors are raised
-(`errors.BadRequest`, `NotFound`, ...) for `middleware.py` to turn into replies. Routes: `app.py`.
+Contract: thin by design: what to restore or save is `broker.py`'s, slot fields are `SlotTable`'s, and errors are
+raised (`errors.BadRequest`, `NotFound`, ...) for `middleware.py` to turn into replies. Routes: `routes.ROUTES`.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Optional, Protocol, Union
 
 from aiohttp import web
 
@@ -16,22 +16,38 @@ from kvstore.errors import error_message
 from . import naming as nm
 from .broker import Once
 from .errors import BadRequest, remote_unavailable
-from .metrics import timings_from_sse_tail
+from .metrics import Metrics, timings_from_sse_tail
 from .routes import CHAT_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
+from .wiring import HooksConfig, Wired
 
 TAIL_BYTES = 64 * 1024
 BODY_KEEP = 4 * 1024 * 1024
 
+# What a JSON document holds, as far as these handlers look into one.
+Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]
+
+
+class Server(Protocol):
+    """What the handlers use of the running server (`app.Hooks`)."""
+
+    cfg: HooksConfig
+    metrics: Metrics
+
+    @property
+    def wired(self) -> Wired: ...
+
+    def check_upstream_soon(self) -> None: ...
+
 
 class Handlers:
-    """Bound to the running server's shared state (`app.Hooks`: cfg, up, store, table, broker, metrics)."""
+    """Bound to the running server (`app.Hooks`); `wired` is there once the ready middleware lets a request in."""
 
-    def __init__(self, hooks: Any):
-        self.h = hooks
+    def __init__(self, server: Server):
+        self.h = server
 
     async def completion(self, request: web.Request) -> web.StreamResponse:
-        h, path = self.h, request.path
+        h, w, path = self.h, self.h.wired, request.path
         body = await _json_body(request, allow_empty=True)
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
@@ -40,8 +56,8 @@ class Handlers:
         naming = nm.naming_of(request.headers, body if nameable else {}, namespace=caller(request).namespace,
                               name_from_user=h.cfg.name_from_user)
         nm.strip_fields(body)
-        tokens_fn = Once(lambda: h.broker.prompt_tokens(body, chat))
-        async with h.broker.hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
+        tokens_fn = Once(lambda: w.broker.prompt_tokens(body, chat))
+        async with w.broker.hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
             slot = lease.slot
             body["id_slot"] = slot.id
             body["cache_prompt"] = True
@@ -50,16 +66,16 @@ class Handlers:
                 headers["X-KV-Name"] = naming.name
             seen = _Tee(bool(body.get("stream")))
             try:
-                resp = await h.up.forward(request, path, body=json.dumps(body).encode(), extra_headers=headers,
+                resp = await w.up.forward(request, path, body=json.dumps(body).encode(), extra_headers=headers,
                                           tee=seen)
                 if request.get(CUT) is not None:
                     raise ReplyCut()  # the reply is already on its way: only the slot needs marking
             except ReplyCut:
-                h.table.lost(slot)
+                w.table.lost(slot)
                 return resp
             finally:
                 if seen.started:
-                    h.table.evaluated(slot, tokens_fn.value or [])
+                    w.table.evaluated(slot, tokens_fn.value or [])
                     # Let the restart watch see this task's id soon: a restart right after it is then noticed.
                     h.check_upstream_soon()
                     # Counted even when the client hung up after the last chunk (write_eof then fails).
@@ -72,28 +88,27 @@ class Handlers:
         if not isinstance(body, dict) or ("prompt" not in body and "messages" not in body):
             raise BadRequest("give `prompt` (string or token ids) or `messages`")
         name = request.match_info["name"]
-        parent = body.get("parent", body.get(nm.PARENT_FIELD, request.headers.get(nm.PARENT_HEADER)))
+        given = body.get("parent", body.get(nm.PARENT_FIELD, request.headers.get(nm.PARENT_HEADER)))
         ns = caller(request).namespace
         nm.validate(name, "name")
-        if parent is not None:
-            nm.validate(parent, "parent")
+        parent = nm.validate(given, "parent") if given is not None else None
         if "messages" in body:
-            prompt: Any = await self.h.up.apply_template(
+            prompt: Json = await self.h.wired.up.apply_template(
                 body, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
         else:
             prompt = body["prompt"]
-        r = await self.h.broker.prime(nm.Naming(ns, name, parent or None), prompt)
+        r = await self.h.wired.broker.prime(nm.Naming(ns, name, parent or None), prompt)
         kind, n_restored = r["cache"], r["n_restored"]
         return web.json_response(jsonable({"name": name, "namespace": ns, **r}), headers={
             "X-KV-Cache": kind, "X-KV-Slot": str(r["id_slot"]), "X-KV-Restored-Tokens": str(n_restored)})
 
     async def state_info(self, request: web.Request) -> web.Response:
         ns, name = _state_key(request)
-        return web.json_response(jsonable(await self.h.broker.info(ns, name)))
+        return web.json_response(jsonable(await self.h.wired.broker.info(ns, name)))
 
     async def state_delete(self, request: web.Request) -> web.Response:
         ns, name = _state_key(request)
-        await self.h.broker.delete(ns, name)
+        await self.h.wired.broker.delete(ns, name)
         return web.json_response({"name": name, "namespace": ns, "removed": True})
 
     async def state_list(self, request: web.Request) -> web.Response:
@@ -102,52 +117,52 @@ class Handlers:
         ns = None if self.h.cfg.tenancy.enabled and c.admin and nm.NAMESPACE_HEADER not in request.headers \
             else c.namespace
         try:
-            await self.h.store.sync(ns)  # an S3 store: other servers' names too
+            await self.h.wired.store.sync(ns)  # an S3 store: other servers' names too
         except Exception as e:  # the bucket unreachable: what this machine knows
             if not remote_unavailable(e):
                 raise
-        items = await self.h.store.list(namespace=ns)
+        items = await self.h.wired.store.list(namespace=ns)
         return web.json_response({"namespace": ns, "states": jsonable(items)})
 
     async def stats(self, request: web.Request) -> web.Response:
         """Store totals and counters for everyone; a slot of another namespace shows only its id and whether busy."""
-        h, c = self.h, caller(request)
+        h, w, c = self.h, self.h.wired, caller(request)
         try:
-            store = await h.store.stats()
+            store = await w.store.stats()
         except Exception as e:  # an S3 store's bucket unreachable: the slots and counters still matter
             if not remote_unavailable(e):
                 raise
             store = {"unavailable": error_message(e)}
-        slots = h.table.as_list(c.viewer)
+        slots = w.table.as_list(c.viewer)
         return web.json_response(jsonable({
-            "upstream": h.up.url if c.admin else None,  # a tenant needs not know where llama-server listens
-            "n_slots": h.n_slots, "fingerprint": h.transfer.expect(), "tenancy": h.cfg.tenancy.describe(),
+            "upstream": w.up.url if c.admin else None,  # a tenant needs not know where llama-server listens
+            "n_slots": w.n_slots, "fingerprint": w.transfer.expect(), "tenancy": h.cfg.tenancy.describe(),
             "namespace": c.namespace,
-            "queue_length": h.table.queue_length, "slots": slots,
+            "queue_length": w.table.queue_length, "slots": slots,
             "counters": h.metrics.snapshot(), "store": store}))
 
     async def status_page(self, request: web.Request) -> web.Response:
         """GET /kvstore/: the status page (`?fragment=1`: its main part, for the page's own refresh)."""
-        h, c = self.h, caller(request)
+        h, w, c = self.h, self.h.wired, caller(request)
         # With keys, an admin key sees every namespace; without keys (single-tenant, every caller is trusted), the
         # operator on loopback with no key and no namespace header does; anyone else sees only their namespace.
         if h.cfg.tenancy.enabled:
             ns = c.viewer
         else:
             ns = None if page.operator_view(request.remote, request.headers) else c.namespace
-        snap = {"upstream": h.up.url if ns is None else None, "n_slots": h.n_slots, "fingerprint": h.transfer.expect(),
-                "queue_length": h.table.queue_length, "slots": h.table.as_list(ns),
-                "slot_clock": h.table.clock(), "history": h.metrics.history.snapshot(),
-                "store": await h.store.snapshot(ns)}
+        snap = {"upstream": w.up.url if ns is None else None, "n_slots": w.n_slots, "fingerprint": w.transfer.expect(),
+                "queue_length": w.table.queue_length, "slots": w.table.as_list(ns),
+                "slot_clock": w.table.clock(), "history": h.metrics.history.snapshot(),
+                "store": await w.store.snapshot(ns)}
         html = page.render_fragment(snap) if request.query.get("fragment") else page.render_page(snap, live=True)
         return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
 
     async def prometheus(self, request: web.Request) -> web.Response:
         try:
-            store = await self.h.store.stats()
+            store = await self.h.wired.store.stats()
         except Exception:  # noqa: BLE001 - the counters are still worth showing
             store = None
-        text = self.h.metrics.prometheus(queue_length=self.h.table.queue_length, store=store)
+        text = self.h.metrics.prometheus(queue_length=self.h.wired.table.queue_length, store=store)
         return web.Response(text=text, content_type="text/plain", charset="utf-8",
                             headers={"X-KV-Note": "kvstore metrics; llama-server's own are at its /metrics"})
 
@@ -160,25 +175,26 @@ class Handlers:
             slot_id = int(request.match_info["id"])
         except ValueError:
             raise BadRequest(f"slot id {request.match_info['id']!r} is not an integer") from None
-        n = self.h.n_slots
+        w = self.h.wired
+        n = w.n_slots
         if not 0 <= slot_id < n:
             raise BadRequest(f"slot id {slot_id} out of range: this server has {n} slot(s), 0..{n - 1}")
         body = await _json_body(request, allow_empty=True)
         c = caller(request)
         if action == "erase":
-            return web.json_response(await self.h.broker.erase(slot_id, c))
-        name = body.get("filename") if isinstance(body, dict) else None
-        if name is None:
+            return web.json_response(await w.broker.erase(slot_id, c))
+        given = body.get("filename") if isinstance(body, dict) else None
+        if given is None:
             raise BadRequest("body needs a `filename`: the name to save or restore")
-        nm.validate(name, "name")
+        name = nm.validate(given, "name")
         if action == "save":
-            r = await self.h.broker.save_raw(slot_id, c, name)
+            r = await w.broker.save_raw(slot_id, c, name)
             info, save = r["info"], r["info"].get("save") or {}
             return web.json_response({
                 "id_slot": slot_id, "filename": name, "n_saved": save.get("n_saved", 0),
                 "n_written": save.get("n_written", 0), "timings": {"save_ms": _ms(r["seconds"])},
                 "kvstore": jsonable({**{k: v for k, v in info.items() if k != "save"}, "namespace": c.namespace})})
-        r = await self.h.broker.restore_raw(slot_id, c, name)
+        r = await w.broker.restore_raw(slot_id, c, name)
         reply = r["reply"]
         info = reply.get("kvstore") or {}
         return web.json_response({
@@ -187,10 +203,10 @@ class Handlers:
             "kvstore": jsonable({**info, "namespace": c.namespace})})
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
-        return await self.h.up.forward(request, request.path)
+        return await self.h.wired.up.forward(request, request.path)
 
 
-async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Any:
+async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Json:
     raw = await request.read()
     if allow_empty and not raw.strip():
         return {}
@@ -246,7 +262,7 @@ class _Tee:
         return obj.get("timings") if isinstance(obj, dict) else None
 
 
-def jsonable(x: Any) -> Any:
+def jsonable(x: object) -> Json:
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):

@@ -1,41 +1,41 @@
-"""Counters for /kvstore/stats and the Prometheus text of /metrics."""
+"""The proxy's counters: `/kvstore/stats`'s `counters` (`snapshot()`) and the Prometheus text of `/metrics`.
+
+Contract: `/metrics` is written by `prometheus_client` (one registry per server, made per scrape): the counters
+and gauges below, and save/restore latency as histograms (`kvstore_{save,restore}_seconds_{bucket,sum,count}`).
+The status page's own latency percentiles and time series are `kvstore.page.History`'s.
+"""
 from __future__ import annotations
 
 import json
 import threading
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Union
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kvstore.page import History
 
 KINDS = ("slot", "restored", "parent", "prefix", "miss")
+OPS = ("save", "restore")
 
-# name -> (type, help)
-_HELP = {
-    "kvstore_requests_total": ("counter", "Requests routed to a slot, by cache kind."),
-    "kvstore_hits_total": ("counter", "Requests that reused a state, by kind (slot, restored, parent, prefix)."),
-    "kvstore_misses_total": ("counter", "Requests that found no state to reuse."),
-    "kvstore_restore_failures_total": ("counter", "Restores that failed (corrupt object, fingerprint, llama-server)."),
-    "kvstore_save_failures_total": ("counter", "Saves or ingests that failed."),
-    "kvstore_prefix_unavailable_total": ("counter", "SWA prefix cuts not emitted (window rows not stored); the "
-                                         "request was served without one."),
-    "kvstore_remote_failures_total": ("counter", "Store calls that failed because the S3 store's bucket was "
-                                      "unreachable (saves are kept in their slots and retried)."),
-    "kvstore_tokens_restored_total": ("counter", "Tokens restored into slots."),
-    "kvstore_prompt_tokens_evaluated_total": ("counter", "Sum of timings.prompt_n seen in replies."),
-    "kvstore_bytes_ingested_total": ("counter", "New stored bytes written by ingests."),
-    "kvstore_bytes_saved_total": ("counter", "Bytes of the state files llama-server saved (what keeping one file "
-                                  "per save would cost)."),
-    "kvstore_bytes_materialized_total": ("counter", "Bytes of state files written by materialize."),
-    "kvstore_save_seconds_sum": ("counter", "Time spent saving + ingesting slots."),
-    "kvstore_save_seconds_count": ("counter", "Number of slot saves."),
-    "kvstore_restore_seconds_sum": ("counter", "Time spent materializing + restoring slots."),
-    "kvstore_restore_seconds_count": ("counter", "Number of slot restores."),
-    "kvstore_queue_length": ("gauge", "Requests waiting for a slot."),
-    "kvstore_store_bytes": ("gauge", "Bytes stored on disk (objects, compressed)."),
-    "kvstore_store_names": ("gauge", "Names in the store."),
+# counter name (without `_total`) -> help; the value is `snapshot()[key]`
+COUNTERS = {
+    "restore_failures": "Restores that failed (corrupt object, fingerprint, llama-server).",
+    "save_failures": "Saves or ingests that failed.",
+    "prefix_unavailable": "SWA prefix cuts not emitted (window rows not stored); the request was served without one.",
+    "remote_failures": "Store calls that failed because the S3 store's bucket was unreachable (saves are kept in "
+                       "their slots and retried).",
+    "tokens_restored": "Tokens restored into slots.",
+    "prompt_tokens_evaluated": "Sum of timings.prompt_n seen in replies.",
+    "bytes_ingested": "New stored bytes written by ingests.",
+    "bytes_saved": "Bytes of the state files llama-server saved (what keeping one file per save would cost).",
+    "bytes_materialized": "Bytes of state files written by materialize.",
 }
-
+LATENCY_HELP = {"save": "Time spent saving + ingesting a slot.", "restore": "Time spent materializing + restoring a slot."}
+# Seconds: a small state saves in milliseconds, a long context over a slow bucket in tens of seconds.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, float("inf"))
 
 class Metrics:
     def __init__(self) -> None:
@@ -43,6 +43,8 @@ class Metrics:
         self.c: Counter = Counter()
         self.kinds: Counter = Counter()
         self.history = History()  # the status page's time series and latency percentiles
+        self.latency = {op: Histogram(f"kvstore_{op}_seconds", LATENCY_HELP[op], buckets=LATENCY_BUCKETS,
+                                      registry=None) for op in OPS}
 
     def evaluated(self, kind: str, timings: Optional[dict], n_restored: int) -> None:
         """A reply's `timings` seen: count its evaluated prompt tokens (by the request's X-KV-Cache kind)."""
@@ -58,6 +60,7 @@ class Metrics:
         """One save or restore done in `seconds` (op: "save" | "restore")."""
         self.inc(f"{op}_seconds", seconds)
         self.inc(f"{op}_count")
+        self.latency[op].observe(seconds)
         self.history.latency(op, seconds)
 
     def inc(self, key: str, n: float = 1) -> None:
@@ -75,33 +78,44 @@ class Metrics:
         return out
 
     def prometheus(self, *, queue_length: int, store: Optional[dict] = None) -> str:
-        snap = self.snapshot()
-        lines: list[str] = []
+        """The text of /metrics; `store`: `Store.stats()` (None when it could not be read: its gauges are left out)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Scrape(self, queue_length, store))
+        return generate_latest(registry).decode()
 
-        def emit(name: str, value: float, labels: str = "", header: bool = True) -> None:
-            if header:
-                typ, hlp = _HELP[name]
-                lines.append(f"# HELP {name} {hlp}")
-                lines.append(f"# TYPE {name} {typ}")
-            lines.append(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}")
 
-        for i, k in enumerate(KINDS):
-            emit("kvstore_requests_total", snap["kinds"][k], f'{{kind="{k}"}}', header=i == 0)
-        for i, k in enumerate(KINDS[:-1]):
-            emit("kvstore_hits_total", snap["kinds"][k], f'{{kind="{k}"}}', header=i == 0)
-        emit("kvstore_misses_total", snap["kinds"]["miss"])
-        for key in ("restore_failures", "save_failures", "prefix_unavailable", "remote_failures", "tokens_restored",
-                    "prompt_tokens_evaluated",
-                    "bytes_ingested", "bytes_saved", "bytes_materialized"):
-            emit(f"kvstore_{key}_total", snap.get(key, 0))
-        for op in ("save", "restore"):
-            emit(f"kvstore_{op}_seconds_sum", float(snap.get(f"{op}_seconds", 0.0)))
-            emit(f"kvstore_{op}_seconds_count", snap.get(f"{op}_count", 0))
-        emit("kvstore_queue_length", queue_length)
-        if store:
-            emit("kvstore_store_bytes", store.get("stored_bytes", 0))
-            emit("kvstore_store_names", store.get("names", 0))
-        return "\n".join(lines) + "\n"
+class _Scrape(Collector):
+    """One scrape's metric families, in a fixed order: counters, latency histograms, gauges."""
+
+    def __init__(self, metrics: Metrics, queue_length: int, store: Optional[dict]):
+        self.metrics, self.queue_length, self.store = metrics, queue_length, store
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.metrics.snapshot()
+        kinds: dict[str, int] = snap["kinds"]
+        requests = CounterMetricFamily("kvstore_requests", "Requests routed to a slot, by cache kind.", labels=["kind"])
+        hits = CounterMetricFamily("kvstore_hits", "Requests that reused a state, by kind (slot, restored, parent, "
+                                   "prefix).", labels=["kind"])
+        for k in KINDS:
+            requests.add_metric([k], kinds[k])
+            if k != "miss":
+                hits.add_metric([k], kinds[k])
+        yield requests
+        yield hits
+        yield CounterMetricFamily("kvstore_misses", "Requests that found no state to reuse.", value=kinds["miss"])
+        for key, help_ in COUNTERS.items():
+            yield CounterMetricFamily(f"kvstore_{key}", help_, value=snap.get(key, 0))
+        for op in OPS:
+            yield from self.metrics.latency[op].collect()
+        yield _gauge("kvstore_queue_length", "Requests waiting for a slot.", self.queue_length)
+        if self.store:
+            yield _gauge("kvstore_store_bytes", "Bytes stored on disk (objects, compressed).",
+                         self.store.get("stored_bytes", 0))
+            yield _gauge("kvstore_store_names", "Names in the store.", self.store.get("names", 0))
+
+
+def _gauge(name: str, help_: str, value: Union[int, float]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_, value=value)
 
 
 def timings_from_sse_tail(tail: bytes) -> Optional[dict]:

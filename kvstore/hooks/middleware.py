@@ -1,6 +1,6 @@
 """The one place where an exception becomes an HTTP reply: `error_middleware` and its table.
 
-Handlers and the broker raise; nothing else builds an error reply from an exception. Every error body has
+Contract: handlers and the broker raise; nothing else builds an error reply from an exception. Every error body has
 llama-server's (and OpenAI's) shape: `{"error": {"message", "type"}}`.
 
 | exception | status | type |

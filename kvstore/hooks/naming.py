@@ -1,6 +1,6 @@
 """Names, namespaces and parents from a request: body fields, headers, the OpenAI `user` field.
 
-Names are data, never paths: they are validated by the core and only ever used as store keys.
+Contract: names are data, never paths: they are validated by the core and only ever used as store keys.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Naming:
         return (self.namespace, self.parent) if self.parent else None
 
 
-def _validate(value: str, what: str) -> str:
+def _validate(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise BadName(f"{what} must be a string, not {type(value).__name__}")
     try:
@@ -48,7 +48,7 @@ def _validate(value: str, what: str) -> str:
     return value
 
 
-def validate(name: str, what: str = "name") -> str:
+def validate(name: object, what: str = "name") -> str:
     return _validate(name, what)
 
 

@@ -1,8 +1,9 @@
 """`kvstore serve`: the hooks in front of an external llama-server (--upstream) or an embedded one.
 
-`run(args)` runs the server for arguments parsed by `kvstore.cli` (the one parser; `kvstore serve --help`) until
+Contract: `run(args)` runs the server for arguments parsed by `kvstore.cli` (the one parser; `kvstore serve --help`) until
 SIGTERM/SIGINT, then saves dirty slots; exit status 0, or 2 with one line on stderr. `Running` is the same server
-on a background thread (tests, embedding). `python -m kvstore.hooks.serve ARGS` is `kvstore serve ARGS`.
+on a background thread (tests, embedding). The CLI imports this module lazily; it never imports the CLI
+(`python -m kvstore.cli serve ARGS` is `kvstore serve ARGS`).
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from typing import Optional
 
 from aiohttp import web
 
+from kvstore.engine import EmbeddedServer  # xllamacpp itself is imported only when one is started
+
 from .app import HOOKS, HooksConfig, build_app
-from .prefix import engine_swa_cells
+from .cut import swa_cells
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -50,6 +53,17 @@ def start_engine(args, *, multi_tenant: bool = False):
     from kvstore.engine import EmbeddedServer
 
     return EmbeddedServer(engine_config(args, multi_tenant=multi_tenant))
+
+
+def engine_swa_cells(engine: Optional[EmbeddedServer]) -> int:
+    """`cut.swa_cells` of the embedded llama-server (None: an external one, 0: unknown)."""
+    if engine is None:
+        return 0
+    from kvstore.gguf import sliding_window
+
+    c = engine.config
+    return swa_cells(sliding_window(c.model), c.ubatch_size, c.ctx_size // max(1, c.parallel), c.kv_unified,
+                     c.swa_full, c.parallel)
 
 
 def tenancy_of(args):
@@ -188,12 +202,3 @@ def run(args) -> int:
             engine.close()
     return 0
 
-
-def main(argv: Optional[list[str]] = None) -> int:
-    from kvstore.cli import main as cli_main
-
-    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

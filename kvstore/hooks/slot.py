@@ -1,22 +1,16 @@
-"""One llama-server slot as the proxy sees it (`Slot`), a request's hold on one (`Lease`), and `QueueFull`.
+"""One llama-server slot as the proxy sees it (`Slot`), a request's hold on one (`Lease`), and `common_prefix`.
 
-Fields of a `Slot` are written only by `slots.SlotTable` (and `Slot.hold`/`clear`, which it calls): handlers and
-the broker report what happened through the table's methods.
+Contract: fields of a `Slot` are written only by `slots.SlotTable` (and `Slot.hold`/`clear`, which it calls):
+handlers and the broker report what happened through the table's methods. A `Lease` knows its table only as
+`SlotEvents` (what a lease holder reports), so this module imports nothing of the proxy's.
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Optional, Sequence
-
-if TYPE_CHECKING:
-    from .slots import SlotTable
+from typing import Any, Awaitable, Optional, Protocol, Sequence
 
 Key = tuple[str, str]  # (namespace, name)
-
-
-class QueueFull(Exception):
-    """Every slot is busy and the wait queue is at its bound."""
 
 
 @dataclass(eq=False)
@@ -80,11 +74,18 @@ class Slot:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share (the one definition: slot reuse, cuts, the bench)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+class SlotEvents(Protocol):
+    """What a lease holder reports to the table that leased it (`slots.SlotTable` implements it)."""
+
+    def cleared(self, slot: Slot) -> None: ...
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Lease:
     resident: bool = False  # the slot already holds the requested name
     parent_resident: bool = False  # the slot holds the requested parent (used in place)
     lcp: int = 0  # tokens the slot's content shares with the request's prompt (reused in place)
-    table: Optional["SlotTable"] = field(default=None, repr=False)  # set by acquire: the table that leased it
+    table: Optional[SlotEvents] = field(default=None, repr=False)  # set by acquire: the table that leased it
     _tasks: list = field(default_factory=list, repr=False)
 
     async def shielded(self, coro: Awaitable[Any]) -> Any:

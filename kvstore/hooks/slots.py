@@ -1,4 +1,7 @@
-"""The slot table: which llama-server slot serves which request. Only `SlotTable` picks and evicts.
+"""The slot table: which llama-server slot serves which request.
+
+Contract: only `SlotTable` picks, evicts and writes slot fields; a slot is never saved or restored while it
+is processing (below).
 
 A `Slot` mirrors one llama-server slot: the (namespace, name) whose state it holds (None: unnamed or empty),
 the tokens it holds (best effort: the last tokenized prompt; unnamed requests and named ones with nothing to
@@ -16,21 +19,15 @@ import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
-from .slot import Key, Lease, QueueFull, Slot, common_prefix  # noqa: F401 - re-exported
-
-# The broker imports this module; errors has no imports of ours but slot's.
-from .errors import Unavailable  # noqa: E402
-
-
-class SaveFailed(Unavailable):
-    """A dirty slot could not be saved before reuse (it keeps its state)."""
+from .errors import QueueFull, SaveFailed, Unavailable
+from .slot import Key, Lease, Slot, common_prefix
 
 log = logging.getLogger("kvstore.hooks")
 
 class SlotTable:
     """Picks a slot for each request, evicts (saves) what it displaces, queues when all are busy."""
 
-    def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[None]],
+    def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[object]],
                  erase: Optional[Callable[[Slot], Awaitable[Any]]] = None, max_queue: int = 64,
                  clock: Callable[[], float] = time.monotonic):
         self.slots = [Slot(i) for i in range(n_slots)]

@@ -1,6 +1,6 @@
 """The store as the proxy sees it: every call to the compiled core runs in a worker thread (`asyncio.to_thread`).
 
-The core releases the GIL while it works, so the event loop keeps serving other requests during an ingest or a
+Contract: the same calls as `kvstore.Store`, awaitable. The core releases the GIL while it works, so the event loop keeps serving other requests during an ingest or a
 materialize. This is the proxy's only way to the store; it adds no logic of its own but counting the calls that
 failed because an S3 store's bucket was unreachable (`on_remote_failure`, for /metrics).
 """

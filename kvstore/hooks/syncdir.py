@@ -1,6 +1,6 @@
 """The sync directory (llama-server's --slot-save-path): files named by us, removed after use; nothing else stays.
 
-File names come from `kvstore.config.temp_state_name` (the one home of the `.kv-` naming), never from a state name.
+Contract: file names come from `kvstore.config.temp_state_name` (the one home of the `.kv-` naming), never from a state name.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Moving a state between a llama-server slot and the store, through the sync directory. No aiohttp.
 
-`save(slot)`: llama-server writes the slot to a `.kv-*` file, the store ingests it (file removed), under the slot's
+Contract: `save(slot)`: llama-server writes the slot to a `.kv-*` file, the store ingests it (file removed), under the slot's
 name or another. `restore(lease, ...)`: the store materializes a name or a manifest into a file re-emitted for the
 server's slot count, llama-server loads it. Both run under the caller's slot lease. A restore raises `NotStored`
 (nothing under that name) or `RestoreFailed` (materialize or llama-server refused: the slot is now empty);
@@ -39,7 +39,7 @@ class Transfer:
         self.up, self.store, self.sync, self.metrics = up, store, sync, metrics
         self.n_slots = n_slots
         self.fingerprint = fingerprint
-        self.swa_cells = swa_cells  # hooks/prefix.py swa_cells: keep a fresh evaluation's cell layout in a cut
+        self.swa_cells = swa_cells  # hooks/cut.py swa_cells: keep a fresh evaluation's cell layout in a cut
         self.layout: Optional[str] = None
 
     def expect(self) -> dict[str, str]:
@@ -97,7 +97,7 @@ class Transfer:
 
     async def restore_cut(self, lease: Lease, namespace: str, n_tokens: int, *, name: Optional[str] = None,
                           manifest_id: Optional[str] = None) -> Optional[dict]:
-        """Restore the first `n_tokens` of a stored state (hooks/prefix.py). None, with the slot untouched, when the
+        """Restore the first `n_tokens` of a stored state (hooks/cut.py). None, with the slot untouched, when the
         cut cannot be emitted (counted as prefix_unavailable); else as `restore`."""
         return await lease.shielded(self._restore(lease, namespace, name, manifest_id, n_tokens))
 

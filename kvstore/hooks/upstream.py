@@ -1,17 +1,18 @@
-"""The async llama-server client: one shared aiohttp ClientSession, small JSON calls, streamed forwarding.
+"""The async llama-server client: one shared httpx.AsyncClient, small JSON calls, streamed forwarding.
 
-A transport over `kvstore.llama` (request shapes, tokenize semantics): the same calls as the sync
-`kvstore.server.LlamaServer`, raising `UpstreamError` (unreachable: 502) or `UpstreamReply` (an error status, passed
-on). `forward` streams a client's request and llama-server's reply chunk by chunk (SSE is never buffered).
+Contract: a transport over `kvstore.llama` (request shapes, tokenize semantics): the same calls as the sync
+`kvstore.llama_client.LlamaServer`, raising `UpstreamError` (unreachable: 502) or `UpstreamReply` (an error status, passed
+on). `forward` streams a client's request and llama-server's reply chunk by chunk (SSE is never buffered). httpx is
+the client library of both sides (the sync client too); aiohttp serves.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-import aiohttp
+import httpx
 from aiohttp import web
 
 from kvstore import llama
@@ -35,9 +36,10 @@ def request_headers(headers, *, keep_length: bool = False) -> dict[str, str]:
 
 
 # A pooled connection that the server closed while idle fails like this before any byte of the reply (the server
-# disconnected, the connection was reset, or "Can not write request body": aiohttp.ClientOSError): the request never
-# reached llama-server, so sending it again on a fresh connection is safe. Timeouts are not among them.
-STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
+# disconnected without a response, the connection was reset, or the request could not be written): the request never
+# reached llama-server, so sending it again on a fresh connection is safe. Only failures before the reply's headers
+# are resent (`send`); timeouts are not among them.
+STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 ATTEMPTS = 3
 # llama-server (cpp-httplib) drops idle keep-alive connections after 5 s: ours are dropped well before.
 KEEPALIVE = 2.0
@@ -50,13 +52,22 @@ CUT = "kvstore.reply_cut"  # request key: the UpstreamError that cut a reply who
 REPLAYABLE_BODY = 1 << 20
 
 
-def reply_headers(headers) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+def reply_headers(headers: httpx.Headers) -> dict[str, str]:
+    pairs = ((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.raw)  # names as llama-server spelt them
+    return {k: v for k, v in pairs if k.lower() not in HOP_BY_HOP}
+
+
+def client(keepalive: float = KEEPALIVE) -> httpx.AsyncClient:
+    """The one client a hooks server shares: no overall time limit (the calls set theirs), 30 s to connect, idle
+    connections dropped after `keepalive` s, no environment proxies, replies passed on undecoded."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), trust_env=False,
+                             limits=httpx.Limits(max_connections=100, max_keepalive_connections=100,
+                                                 keepalive_expiry=keepalive))
 
 
 class Upstream:
-    def __init__(self, url: str, session: aiohttp.ClientSession, *, first_byte: float = FIRST_BYTE_TIMEOUT,
-                 idle: float = IDLE_TIMEOUT, on_error: Optional[callable] = None, api_key: Optional[str] = None,
+    def __init__(self, url: str, session: httpx.AsyncClient, *, first_byte: float = FIRST_BYTE_TIMEOUT,
+                 idle: float = IDLE_TIMEOUT, on_error: Optional[Callable[[], None]] = None, api_key: Optional[str] = None,
                  strip_client_key: bool = False):
         """api_key: llama-server's own --api-key, sent on every call in place of the client's. strip_client_key:
         never pass a client's Authorization on (with tenant keys it is kvstore's key, not llama-server's)."""
@@ -79,30 +90,37 @@ class Upstream:
     async def call(self, method: str, path: str, body: Any = None, *, timeout: Optional[float] = None) -> Any:
         """A small JSON call; raises UpstreamError (unreachable), UpstreamTimeout (no complete reply within
         `timeout`, default the first-byte timeout) or UpstreamReply (error status)."""
-        kw: dict[str, Any] = {"headers": self.auth}
-        if body is not None:
-            kw["json"] = body
         limit = self.first_byte if timeout is None else timeout
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                async with asyncio.timeout(limit):
-                    async with self.session.request(method, self.url + path, **kw) as r:
-                        data = await r.read()
-                        if r.status >= 400:
-                            raise UpstreamReply(r.status, data)
-                break
-            except TimeoutError as e:
-                raise self._timeout(path, "no reply", limit) from e
-            except STALE_CONNECTION as e:
-                if attempt == ATTEMPTS:
-                    raise self._unreachable(e) from e
-                log.debug("%s %s: resent after %s", method, path, e)
-            except (aiohttp.ClientError, OSError) as e:
-                raise self._unreachable(e) from e
+        try:
+            async with asyncio.timeout(limit):
+                r = await self._send(self.session.build_request(method, self.url + path, headers=self.auth,
+                                                                json=body), replayable=True)
+                try:
+                    data = await r.aread()
+                finally:
+                    await r.aclose()
+        except TimeoutError as e:
+            raise self._timeout(path, "no reply", limit) from e
+        except (httpx.HTTPError, OSError) as e:
+            raise self._unreachable(e) from e
+        if r.status_code >= 400:
+            raise UpstreamReply(r.status_code, data)
         try:
             return json.loads(data) if data else None
         except ValueError as e:
             raise UpstreamError(f"llama-server at {self.url} sent invalid JSON for {path}") from e
+
+    async def _send(self, req: httpx.Request, *, replayable: bool) -> httpx.Response:
+        """Send `req` and return the reply once its headers are in (its body still to read); a stale pooled
+        connection is retried on a fresh one, up to ATTEMPTS times, when the body can be sent again."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return await self.session.send(req, stream=True)
+            except STALE_CONNECTION as e:
+                if attempt == ATTEMPTS or not replayable:  # a streamed body is consumed: it cannot be sent again
+                    raise
+                log.debug("%s %s: resent after %s", req.method, req.url.path, e)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     async def models(self) -> Optional[dict]:
         """GET /v1/models (None when the server does not answer it)."""
@@ -138,7 +156,7 @@ class Upstream:
         return resp
 
     async def forward(self, request: web.Request, path: str, *, body: Optional[bytes] = None,
-                      extra_headers: Optional[dict] = None, tee: Optional[callable] = None) -> web.StreamResponse:
+                      extra_headers: Optional[dict] = None, tee: Optional[Callable[[bytes], None]] = None) -> web.StreamResponse:
         """Stream `request` to llama-server and its reply back, chunk by chunk.
 
         body: replacement body bytes (else the request body is streamed through). extra_headers: set on the
@@ -157,29 +175,24 @@ class Upstream:
         headers.update(self.auth)
         if body is not None and content_type:
             headers["Content-Type"] = content_type
-        for attempt in range(1, ATTEMPTS + 1):
-            data: Any = body if body is not None else (request.content.iter_any() if streamed else None)
-            try:
-                async with asyncio.timeout(self.first_byte):
-                    upstream = await self.session.request(request.method, self.url + path, params=request.query,
-                                                          headers=headers, data=data)
-                break
-            except TimeoutError as e:
-                raise self._timeout(path, "no reply", self.first_byte) from e
-            except STALE_CONNECTION as e:
-                if attempt == ATTEMPTS or streamed:  # a streamed body is consumed: it cannot be sent again
-                    raise self._unreachable(e) from e
-                log.debug("%s %s: resent after %s", request.method, path, e)
-            except (aiohttp.ClientError, OSError) as e:
-                raise self._unreachable(e) from e
-        async with upstream:
-            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+        data: Any = body if body is not None else (request.content.iter_any() if streamed else None)
+        req = self.session.build_request(request.method, self.url + path, params=list(request.query.items()),
+                                         headers=headers, content=data)
+        try:
+            async with asyncio.timeout(self.first_byte):
+                upstream = await self._send(req, replayable=not streamed)
+        except TimeoutError as e:
+            raise self._timeout(path, "no reply", self.first_byte) from e
+        except (httpx.HTTPError, OSError) as e:
+            raise self._unreachable(e) from e
+        try:
+            resp = web.StreamResponse(status=upstream.status_code, reason=upstream.reason_phrase,
                                       headers=reply_headers(upstream.headers))
             if extra_headers:
                 resp.headers.update(extra_headers)
             try:
                 await resp.prepare(request)
-                chunks = upstream.content.iter_any().__aiter__()
+                chunks = upstream.aiter_raw().__aiter__()  # as sent: a compressed body stays compressed
                 while True:
                     try:
                         async with asyncio.timeout(self.idle):
@@ -188,7 +201,7 @@ class Upstream:
                         break
                     except TimeoutError:
                         return self._cut(request, resp, self._timeout(path, "no further chunk", self.idle))
-                    except (aiohttp.ClientError, OSError) as e:
+                    except (httpx.HTTPError, OSError) as e:
                         return self._cut(request, resp, self._unreachable(e))
                     if tee is not None:
                         tee(chunk)
@@ -198,3 +211,5 @@ class Upstream:
                 log.info("%s %s: client disconnected before the reply was complete (%s)", request.method, path,
                          e or type(e).__name__)
             return resp
+        finally:
+            await upstream.aclose()

@@ -1,13 +1,17 @@
-"""Small formatters shared by the page's sections. Every function returns text that is already HTML-escaped."""
+"""The page's template environment and its small formatters.
+
+Contract: `template(source)` compiles a Jinja2 template with autoescape on, the one place where the page turns
+data into HTML: every value a template prints is escaped unless it is `Markup` (HTML made by another template
+or by `Markup.format`, which escapes its arguments). The formatters (`num`, `size`, ...) return plain text and are
+also the templates' filters; `ago` and `qualified` return `Markup`.
+"""
 from __future__ import annotations
 
 import datetime
-from html import escape
 from typing import Optional
 
-
-def esc(s: object) -> str:
-    return escape(str(s), quote=True)
+from jinja2 import Environment, Template
+from markupsafe import Markup
 
 
 def num(n: Optional[float]) -> str:
@@ -48,10 +52,10 @@ def utc(t: Optional[float]) -> str:
     return datetime.datetime.fromtimestamp(float(t), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def ago(t: Optional[float], now: float) -> str:
+def ago(t: Optional[float], now: float) -> Markup:
     """'3 min ago', with the exact UTC time as a tooltip."""
     if not t:
-        return "–"
+        return Markup("–")
     d = max(0.0, now - float(t))
     if d < 60:
         s = f"{d:.0f} s ago"
@@ -61,7 +65,7 @@ def ago(t: Optional[float], now: float) -> str:
         s = f"{d / 3600:.1f} h ago"
     else:
         s = f"{d / 86400:.0f} d ago"
-    return f'<span title="{esc(utc(t))}">{esc(s)}</span>'
+    return Markup('<span title="{}">{}</span>').format(utc(t), s)
 
 
 def duration(s: float) -> str:
@@ -73,7 +77,17 @@ def duration(s: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}"
 
 
-def qualified(namespace: str, name: str) -> str:
-    """A name with its namespace (the empty namespace shown as nothing), escaped."""
-    ns = f'<span class="ns">{esc(namespace)}</span>' if namespace else ""
-    return f'{ns}<span class="name">{esc(name)}</span>'
+def qualified(namespace: str, name: str) -> Markup:
+    """A name with its namespace (the empty namespace shown as nothing)."""
+    ns = Markup('<span class="ns">{}</span>').format(namespace) if namespace else Markup()
+    return ns + Markup('<span class="name">{}</span>').format(name)
+
+
+_ENV = Environment(autoescape=True, keep_trailing_newline=True)
+_ENV.filters.update(num=num, size=size, ratio=ratio, pct=pct, ms=ms, utc=utc, duration=duration)
+_ENV.globals.update(ago=ago, qualified=qualified)
+
+
+def template(source: str) -> Template:
+    """A template of the page (autoescaped; the formatters above as filters, `ago` and `qualified` as globals)."""
+    return _ENV.from_string(source)

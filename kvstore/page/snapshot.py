@@ -4,8 +4,8 @@ Contract: `store_snapshot(store, namespace=None) -> dict` (shape in kvstore/page
 None lists every namespace (the operator's view); a string lists only that namespace, so a tenant's page never
 names another tenant's states. Blocking (it reads the index): the hooks call it in a worker thread.
 
-Lineage: the core records a state's parent as the parent's *manifest id* at ingest (rust/src/store.rs,
-`resolve_parent`), and `list` gives each name's current manifest id, so parent names are derived here by
+Lineage: the core records a state's parent as the parent's *manifest id* at ingest (`Store.ingest`, whose
+`resolve_parent` turns a parent name into its manifest id), and `list` gives each name's current manifest id, so parent names are derived here by
 matching ids among the listed names. A parent whose name has since been saved again (or removed) no longer has a
 name; it is kept as `parent_id` with `parent` None, and the page shows it as "an earlier state".
 """

@@ -8,7 +8,7 @@ from conftest import complete, post_ok, tokenize
 import kvstore
 from kvstore import NameNotFound, ServerError
 from kvstore.config import sync_dir
-from kvstore.server import LlamaServer
+from kvstore.llama_client import LlamaServer
 
 
 def test_save_erase_restore_into_another_slot(served_smollm2):

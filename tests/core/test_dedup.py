@@ -7,7 +7,7 @@ import pytest
 from conftest import MODELS, complete, kv_row_bytes
 
 import kvstore
-from kvstore.server import LlamaServer
+from kvstore.llama_client import LlamaServer
 from make_states import ARTICLE
 
 QUESTIONS = [

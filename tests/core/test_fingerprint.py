@@ -8,7 +8,7 @@ from conftest import complete
 import kvstore
 from kvstore import FingerprintMismatch
 from kvstore.fingerprint import model_file_hash
-from kvstore.server import LlamaServer
+from kvstore.llama_client import LlamaServer
 
 
 @pytest.fixture

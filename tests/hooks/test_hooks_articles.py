@@ -12,7 +12,7 @@ import pytest
 from corpus import ARTICLES, QUESTIONS, SLACK
 from hooks_support import MODELS, complete, engine, get, hooks, post, stack, tokenize
 
-from kvstore.hooks.slots import common_prefix
+from kvstore.hooks.slot import common_prefix
 
 
 
@@ -123,7 +123,7 @@ def test_articles_article_major_named_without_parents(model, tmp_path):
             # previous question and its answer), so llama-server would have to roll back inside the sliding window,
             # which it can only do from a checkpoint at or before the common prefix; its own sit a few tokens before
             # the end of each prompt, so it evaluates the prompt again (plain llama-server: plain[1]). The hooks
-            # instead restore the state just saved from that slot, cut at the common prefix (hooks/prefix.py).
+            # instead restore the state just saved from that slot, cut at the common prefix (hooks/cut.py).
             assert kind == "prefix", rows
             assert plain[1] > own + 2, plain  # what reusing the slot in place would have cost
         else:

@@ -1,95 +1,86 @@
 """Unit tests of the broker's decisions (what to restore, what to save), without HTTP.
 
-Only llama-server and the store are stand-ins here: a recording fake of the three calls the broker makes to each
-(slot actions and tokenize; ingest/materialize/lookup/get/remove). The slot table, the sync dir, the transfer
-logic and the metrics are the real ones. The end-to-end behaviour is tested on the real server in test_hooks_*.py.
+Only llama-server is a stand-in here: a recording fake of the slot actions and `/tokenize` that writes a real slot
+file on save (`tests/make_states.py`'s, read-only) and reads the file the store materialized on restore. The store
+is a real `kvstore._core.Store` on tmp_path; the slot table, the sync dir, the transfer logic and the metrics are
+the real ones. The end-to-end behaviour is tested on the real server in test_hooks_*.py.
 """
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
-from kvstore.errors import NameNotFound
+import kvstore
+import slotfile
 from kvstore.hooks.auth import Caller
 from kvstore.hooks.broker import Broker, Once
 from kvstore.hooks.errors import BadRequest, NotFound, UpstreamReply
 from kvstore.hooks.metrics import Metrics
 from kvstore.hooks.naming import Naming
 from kvstore.hooks.slots import SlotTable
+from kvstore.hooks.store import AsyncStore
 from kvstore.hooks.syncdir import SyncDir
 from kvstore.hooks.transfer import Transfer, layout_is_empty
 
-B = 4  # block size of the fake store
-LAYOUT = "kv[f16,f16,fa=0]"
+B = 16  # the store's block size: the real states hold 325 and 342 tokens
+FP = {"model": "m"}  # the fingerprint the broker's server reports (states are ingested with it)
+
+
+def tokens_of(path: Path) -> list[int]:
+    return [int(t) for t in slotfile.parse(path.read_bytes())["tokens"]["tokens"]]
 
 
 class FakeUpstream:
-    """llama-server's slot API: records every call; `refuse` makes restores fail like a bad file."""
+    """llama-server's slot API and tokenizer. A save writes `state` (a real slot file; None: an empty slot, as
+    llama-server answers `n_saved: 0`) into the sync dir; a restore reads the file the store wrote and answers its
+    token count. `refuse` makes restores fail like a bad file; `prompt` is what /tokenize answers."""
 
-    def __init__(self):
+    def __init__(self, sync: Path, state: Optional[Path]):
+        self.sync, self.state = sync, state
         self.calls: list[tuple] = []
+        self.restored: list[list[int]] = []  # the tokens of each file a restore loaded
         self.refuse = False
+        self.prompt: list[int] = list(range(1000, 1040))  # shares nothing with the stored states
         self.tokenized = 0
 
     async def slot_action(self, slot_id, action, filename=None):
         self.calls.append((action, slot_id))
-        if action == "restore" and self.refuse:
-            raise UpstreamReply(400, b'{"error": {"message": "failed to restore"}}')
         if action == "save":
-            return {"n_saved": 7}
-        return {"n_restored": 12} if action == "restore" else {}
+            if self.state is None:
+                return {"n_saved": 0}
+            shutil.copyfile(self.state, self.sync / filename)
+            return {"n_saved": len(tokens_of(self.state))}
+        if action == "restore":
+            if self.refuse:
+                raise UpstreamReply(400, b'{"error": {"message": "failed to restore"}}')
+            toks = tokens_of(self.sync / filename)
+            self.restored.append(toks)
+            return {"n_restored": len(toks)}
+        return {}
 
     async def tokenize(self, text):
         self.tokenized += 1
-        return list(range(len(text)))
+        return list(self.prompt)
 
 
-class FakeStore:
-    """The store's async face: names -> {layout, ...}; `hit` is what lookup answers."""
-
-    block_size = B
-
-    def __init__(self, names=(), hit=None, layout=LAYOUT):
-        self.names = {n: {"name": n, "layout": layout} for n in names}
-        self.hit = hit
-        self.layout = layout
-        self.ingested: list[tuple] = []
-        self.materialized: list[str] = []
-
-    async def ingest(self, name, path, *, namespace, fingerprint, parent=None):
-        if parent is not None and parent not in self.names:
-            raise NameNotFound(f"no state named {parent!r}")
-        self.ingested.append((name, parent, dict(fingerprint)))
-        self.names[name] = {"name": name, "layout": self.layout}
-        return {"n_tokens": 7, "file_bytes": 100, "new_stored_bytes": 10}
-
-    async def materialize(self, name, path, *, namespace, expect, n_stream):
-        if name not in self.names:
-            raise NameNotFound(f"no state named {name!r}")
-        self.materialized.append(name)
-        return {"file_bytes": 100}
-
-    async def materialize_manifest(self, manifest_id, path, *, expect, n_stream):
-        self.materialized.append(manifest_id)
-        return {"file_bytes": 100}
-
-    async def lookup(self, tokens, *, namespace, fingerprint):
-        return self.hit
-
-    async def get(self, name, *, namespace):
-        return self.names.get(name)
-
-    async def remove(self, name, *, namespace):
-        return self.names.pop(name, None) is not None
+@pytest.fixture
+def states(state_files) -> dict[str, Path]:
+    return {"parent": state_files["smollm2_parent"], "child": state_files["smollm2_child"]}
 
 
-def make(tmp_path: Path, *, names=(), hit=None, n_slots=2):
-    up, store, metrics = FakeUpstream(), FakeStore(names, hit), Metrics()
-    transfer = Transfer(up, store, SyncDir(tmp_path / "sync"), metrics, n_slots=n_slots, fingerprint={"model": "m"})
+def make(tmp_path: Path, states: dict[str, Path], *, names=(), n_slots=2, saves="child"):
+    core = kvstore.open_store(tmp_path / "store", block_size=B)
+    for n in names:  # stored before the server starts: the parent's state under each name
+        core.ingest(n, str(states["parent"]), fingerprint=FP)
+    sync = SyncDir(tmp_path / "sync")
+    up, store, metrics = FakeUpstream(sync.path, states[saves] if saves else None), AsyncStore(core), Metrics()
+    transfer = Transfer(up, store, sync, metrics, n_slots=n_slots, fingerprint=dict(FP))
     table = SlotTable(n_slots, save=transfer.save)
-    return Broker(up, store, transfer, table, metrics), up, store
+    return Broker(up, store, transfer, table, metrics), up, core
 
 
 def tokens_fn(broker, text="a prompt of some tokens"):
@@ -103,16 +94,16 @@ async def hold(broker, naming, fn=None):
         return lease.slot, kind, n
 
 
-def test_stored_name_is_restored_without_tokenizing(tmp_path):
-    broker, up, store = make(tmp_path, names=["alice"])
+def test_stored_name_is_restored_without_tokenizing(tmp_path, states):
+    broker, up, core = make(tmp_path, states, names=["alice"])
     slot, kind, n = asyncio.run(hold(broker, Naming("", "alice")))
-    assert (kind, n) == ("restored", 12)
-    assert store.materialized == ["alice"] and slot.key == ("", "alice")
+    assert (kind, n) == ("restored", 325)
+    assert up.restored == [tokens_of(states["parent"])] and slot.key == ("", "alice")
     assert up.tokenized == 0  # the plan skips the prompt: the name has its own state
 
 
-def test_resident_name_is_used_in_place(tmp_path):
-    broker, up, store = make(tmp_path)
+def test_resident_name_is_used_in_place(tmp_path, states):
+    broker, up, core = make(tmp_path, states)
 
     async def two():
         first = await hold(broker, Naming("", "bob"))
@@ -124,8 +115,8 @@ def test_resident_name_is_used_in_place(tmp_path):
     assert [c[0] for c in up.calls] == []  # nothing saved or restored
 
 
-def test_parent_restored_when_name_is_new_and_recorded_at_save(tmp_path):
-    broker, up, store = make(tmp_path, names=["article"])
+def test_parent_restored_when_name_is_new_and_recorded_at_save(tmp_path, states):
+    broker, up, core = make(tmp_path, states, names=["article"])
 
     async def go():
         slot, kind, n = await hold(broker, Naming("", "q1", "article"))
@@ -134,11 +125,12 @@ def test_parent_restored_when_name_is_new_and_recorded_at_save(tmp_path):
 
     slot, kind = asyncio.run(go())
     assert kind == "parent" and slot.parent == "article"
-    assert store.ingested[0][:2] == ("q1", "article")
+    assert core.get("q1")["parent"] == core.get("article")["manifest_id"]  # lineage, as the store records it
+    assert core.tokens("q1") == tokens_of(states["child"])
 
 
-def test_stored_name_beats_resident_parent(tmp_path):
-    broker, up, store = make(tmp_path, names=["q1"])
+def test_stored_name_beats_resident_parent(tmp_path, states):
+    broker, up, core = make(tmp_path, states, names=["q1"])
 
     async def go():
         await hold(broker, Naming("", "article"))  # now resident in a slot
@@ -148,23 +140,25 @@ def test_stored_name_beats_resident_parent(tmp_path):
     assert kind == "restored" and slot.key == ("", "q1")
 
 
-def test_longest_stored_prefix_restored_for_a_new_name(tmp_path):
-    hit = {"manifest_id": "ab" * 32, "name": "other", "n_common": 2 * B}
-    broker, up, store = make(tmp_path, hit=hit)
+def test_longest_stored_prefix_restored_for_a_new_name(tmp_path, states):
+    broker, up, core = make(tmp_path, states, names=["other"])
+    parent = tokens_of(states["parent"])
+    up.prompt = parent[:5 * B + 3] + [1, 2, 3]  # leaves the stored state after 83 tokens
     slot, kind, n = asyncio.run(hold(broker, Naming("", "new")))
-    assert (kind, n) == ("prefix", 12)
-    assert store.materialized == [hit["manifest_id"]] and slot.parent == "other"
+    assert (kind, n) == ("prefix", 325)
+    assert up.restored == [parent] and slot.parent == "other"
     assert up.tokenized == 1  # tokenized once, for plan and prepare together
 
 
-def test_prefix_shorter_than_a_block_is_a_miss(tmp_path):
-    broker, up, store = make(tmp_path, hit={"manifest_id": "cd" * 32, "name": "x", "n_common": B - 1})
+def test_prefix_shorter_than_a_block_is_a_miss(tmp_path, states):
+    broker, up, core = make(tmp_path, states, names=["x"])
+    up.prompt = tokens_of(states["parent"])[:B - 1] + [1, 2, 3]
     _, kind, _ = asyncio.run(hold(broker, Naming("", "new")))
-    assert kind == "miss" and store.materialized == []
+    assert kind == "miss" and up.restored == []
 
 
-def test_refused_restore_is_a_miss_and_clears_the_slot(tmp_path):
-    broker, up, store = make(tmp_path, names=["alice"])
+def test_refused_restore_is_a_miss_and_clears_the_slot(tmp_path, states):
+    broker, up, core = make(tmp_path, states, names=["alice"])
     up.refuse = True
 
     async def go():
@@ -176,20 +170,20 @@ def test_refused_restore_is_a_miss_and_clears_the_slot(tmp_path):
     assert broker.metrics.snapshot()["restore_failures"] == 1
 
 
-def test_evicting_a_dirty_slot_saves_it_first(tmp_path):
-    broker, up, store = make(tmp_path, n_slots=1)
+def test_evicting_a_dirty_slot_saves_it_first(tmp_path, states):
+    broker, up, core = make(tmp_path, states, n_slots=1)
 
     async def go():
         await hold(broker, Naming("", "a"))
         await hold(broker, Naming("", "b"))
 
     asyncio.run(go())
-    assert [i[0] for i in store.ingested] == ["a"]  # a saved before b took its slot
+    assert [x["name"] for x in core.list()] == ["a"]  # a saved before b took its slot
     assert up.calls[0] == ("save", 0)
 
 
-def test_unknown_parent_at_save_keeps_the_state(tmp_path):
-    broker, up, store = make(tmp_path)
+def test_unknown_parent_at_save_keeps_the_state(tmp_path, states):
+    broker, up, core = make(tmp_path, states)
 
     async def go():
         slot, _, _ = await hold(broker, Naming("", "child"))
@@ -197,27 +191,27 @@ def test_unknown_parent_at_save_keeps_the_state(tmp_path):
         return await broker.transfer.save(slot)
 
     info = asyncio.run(go())
-    assert info["n_tokens"] == 7 and store.ingested == [("child", None, {"model": "m"})]
+    assert info["n_tokens"] == 342 and core.get("child")["parent"] is None
 
 
-def test_layout_learned_from_the_first_non_empty_save(tmp_path):
-    broker, up, store = make(tmp_path)
-    store.layout = "kv[-]"
+def test_layout_learned_from_the_first_non_empty_save(tmp_path, states):
+    broker, up, core = make(tmp_path, states, saves=None)
 
     async def save(name):
         slot, _, _ = await hold(broker, Naming("", name))
-        await broker.transfer.save(slot)
+        return await broker.transfer.save(slot)
 
-    asyncio.run(save("empty"))
+    assert asyncio.run(save("empty")) == {"n_saved": 0, "save": {"n_saved": 0}}  # llama-server saved nothing
     assert broker.transfer.layout is None and "layout" not in broker.transfer.expect()
-    store.layout = LAYOUT
+    up.state = states["child"]
     asyncio.run(save("full"))
-    assert broker.transfer.expect() == {"model": "m", "layout": LAYOUT}
-    assert layout_is_empty("kv[-]") and not layout_is_empty(LAYOUT)
+    layout = core.get("full")["layout"]
+    assert broker.transfer.expect() == {**FP, "layout": layout}
+    assert not layout_is_empty(layout) and layout_is_empty("kv[-]")
 
 
-def test_state_api_not_found_and_failed_raw_restore(tmp_path):
-    broker, up, store = make(tmp_path, names=["kept"])
+def test_state_api_not_found_and_failed_raw_restore(tmp_path, states):
+    broker, up, core = make(tmp_path, states, names=["kept"])
     with pytest.raises(NotFound):
         asyncio.run(broker.info("", "nope"))
     with pytest.raises(NotFound):

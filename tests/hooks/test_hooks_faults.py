@@ -71,12 +71,12 @@ def test_frozen_upstream_answers_504_and_releases_the_slot(tmp_path):
     store = tmp_path / "store"
     up = External(store, tmp_path / "llama.log")
     with stack(up), hooks(up.url, store, upstream_timeout=5, upstream_idle_timeout=5) as hk:
-        assert hk.hooks.up.first_byte == 5
-        hk.hooks.up.first_byte = 300  # a loaded machine may take longer than 5 s for a real evaluation
+        assert hk.hooks.wired.up.first_byte == 5
+        hk.hooks.wired.up.first_byte = 300  # a loaded machine may take longer than 5 s for a real evaluation
         prompt = intro(0) + "User: Hi\nAssistant:"
         assert complete(hk.url, prompt, name="frozen", n_predict=2).kind == "miss"
         assert "frozen" in slot_names(hk.url)
-        hk.hooks.up.first_byte = 5
+        hk.hooks.wired.up.first_byte = 5
         up.stop()
         try:
             t0 = time.monotonic()
@@ -90,7 +90,7 @@ def test_frozen_upstream_answers_504_and_releases_the_slot(tmp_path):
             assert get(hk.url, "/kvstore/stats").json["queue_length"] == 0
         finally:
             up.cont()
-            hk.hooks.up.first_byte = 300
+            hk.hooks.wired.up.first_byte = 300
         deadline = time.monotonic() + 60  # llama-server finishes the abandoned request first
         while any(s.get("is_processing") for s in get(up.url, "/slots").json):
             assert time.monotonic() < deadline
@@ -129,7 +129,7 @@ def test_restarted_upstream_is_detected_and_names_restored(tmp_path):
 def serve_process(upstream: str, store: Path):
     """`kvstore serve --upstream URL` in a subprocess: yields (process, its URL) once it says it listens (30 s at
     most); killed on the way out if still running."""
-    proc = subprocess.Popen([sys.executable, "-m", "kvstore.hooks.serve", "--upstream", upstream, "--store", str(store),
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", "--upstream", upstream, "--store", str(store),
                              "--port", "0", "--idle-save", "0"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

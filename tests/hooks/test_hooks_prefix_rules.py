@@ -1,10 +1,10 @@
-"""The SWA cut's decisions in kvstore/hooks/prefix.py, as plain logic (the real-server paths are in
+"""The SWA cut's decisions in kvstore/hooks/cut.py, as plain logic (the real-server paths are in
 test_hooks_swa_prefix.py, test_hooks_articles.py and test_prefix_resume.py)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvstore.hooks.prefix import Candidate, applies, best, cut_point, in_place
+from kvstore.hooks.cut import Candidate, applies, best, cut_point, in_place
 
 
 def test_applies_only_to_attention_only_swa_layouts():

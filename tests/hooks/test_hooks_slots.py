@@ -5,7 +5,9 @@ import asyncio
 
 import pytest
 
-from kvstore.hooks.slots import QueueFull, SlotTable, common_prefix
+from kvstore.hooks.errors import QueueFull
+from kvstore.hooks.slot import common_prefix
+from kvstore.hooks.slots import SlotTable
 
 
 class Clock:

@@ -1,5 +1,5 @@
 """Sliding-window model (Gemma 3), articles x questions named by article and without parents: every returning
-question restores its article's stored state cut at the common prefix with the prompt (hooks/prefix.py), so
+question restores its article's stored state cut at the common prefix with the prompt (hooks/cut.py), so
 llama-server evaluates only what follows it. Before prefix cuts the same requests re-evaluated the article
 (SWA: the stored state ends inside the previous question, and no checkpoint lies at the fork). Another tenant
 sending the same prompts gets nothing of the first tenant's (docs/hooks.md, tenants): no cut crosses namespaces.
@@ -10,7 +10,7 @@ from hooks_support import CTX, complete, engine, hooks, metric, stack, tokenize
 from corpus import ARTICLES, QUESTIONS
 
 from kvstore.hooks.auth import tenancy_from
-from kvstore.hooks.prefix import swa_cells
+from kvstore.hooks.cut import swa_cells
 
 KEY_A, KEY_B = "sk-swa-a-" + "5" * 16, "sk-swa-b-" + "6" * 16
 A, B = ({"Authorization": f"Bearer {k}"} for k in (KEY_A, KEY_B))

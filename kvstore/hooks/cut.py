@@ -1,16 +1,26 @@
-"""Prefix states for sliding-window models (docs/design.md "Prefix states", docs/hooks.md).
+"""Which stored state to cut for a prompt, and where: the SWA prefix decision (docs/design.md "Prefix states").
+
+Contract: pure decisions plus the store reads they need (a stored state's tokens); no slot is written and
+nothing is restored here: `Broker` restores the chosen `Cut` through `Transfer.restore_cut` and records lineage.
 
 On an SWA model (Gemma 2/3, ...) a restored state helps only if llama-server finds a context checkpoint at or
 before the point where the prompt leaves it; otherwise it re-evaluates the whole prompt. So among the request's
 own name, its parent and the longest stored prefix (any state of the namespace), the state sharing the most
-tokens with the prompt is cut at that common prefix P when the prompt leaves it before its end (`Store.materialize_prefix`), with a checkpoint at P,
-and llama-server evaluates only the tokens after P. A cut that cannot be emitted (window rows not stored) is
-never handed to llama-server; the caller then serves the request as before and counts it.
+tokens with the prompt is cut at that common prefix P when the prompt leaves it before its end
+(`Store.materialize_prefix`), with a checkpoint at P, and llama-server evaluates only the tokens after P. A cut
+that cannot be emitted (window rows not stored) is never handed to llama-server; the caller then serves the
+request as before and counts it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Mapping, Optional, Sequence
+
+from kvstore.errors import NameNotFound
+
+from .naming import Naming
+from .slot import Lease, common_prefix
+from .store import AsyncStore
 
 # Order of preference among equal common prefixes: the request's own state, its parent, any other state.
 KINDS = ("restored", "parent", "prefix")
@@ -25,20 +35,19 @@ class Candidate:
     n_common: int  # common prefix with the prompt
 
 
-def applies(fingerprint: dict, layout: Optional[str]) -> bool:
+@dataclass(frozen=True)
+class Cut:
+    """The decision: cut `source` at `at` tokens (P)."""
+
+    source: Candidate
+    at: int
+
+
+def applies(fingerprint: Mapping[str, str], layout: Optional[str]) -> bool:
     """Cut only an attention-only SWA cache: the model has a sliding window, and the server's layout (once known)
     has no recurrent section, whose state is one value for the whole sequence (docs/design.md "Recurrent and
     hybrid models"; the store refuses such a cut too)."""
     return int(fingerprint.get("n_swa") or 0) > 0 and "rec[" not in (layout or "")
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def best(candidates: Sequence[Candidate], min_tokens: int) -> Optional[Candidate]:
@@ -65,23 +74,10 @@ def swa_cells(n_swa: int, n_ubatch: int, n_ctx_slot: int, kv_unified: bool, swa_
     return (min(n_ctx_slot, n_swa + n_ubatch) + 255) // 256 * 256  # GGML_PAD(..., 256), llama-kv-cache-iswa.cpp
 
 
-def engine_swa_cells(engine: Any) -> int:
-    """`swa_cells` of kvstore serve's embedded llama-server (None: an external one, 0)."""
-    if engine is None:
-        return 0
-    from kvstore.gguf import sliding_window
-
-    c = engine.config
-    return swa_cells(sliding_window(c.model), c.ubatch_size, c.ctx_size // max(1, c.parallel), c.kv_unified,
-                     c.swa_full, c.parallel)
-
-
-async def choose(store: Any, namespace: str, name: Optional[str], parent: Optional[str], tokens: Sequence[int],
-                 hint: Optional[dict], min_tokens: int) -> Optional[Candidate]:
+async def choose(store: AsyncStore, namespace: str, name: Optional[str], parent: Optional[str],
+                 tokens: Sequence[int], hint: Optional[dict], min_tokens: int) -> Optional[Candidate]:
     """The stored state to cut for a prompt: the request's own name, its parent, or the lookup `hint` (the longest
-    stored prefix of the namespace), whichever shares the most tokens (`store`: the hooks' AsyncStore)."""
-    from kvstore.errors import NameNotFound
-
+    stored prefix of the namespace), whichever shares the most tokens."""
     cands: list[Candidate] = []
     for kind, n in (("restored", name), ("parent", parent)):
         if not n:
@@ -97,7 +93,7 @@ async def choose(store: Any, namespace: str, name: Optional[str], parent: Option
     return best(cands, min_tokens)
 
 
-def in_place(lease: Any) -> int:
+def in_place(lease: Lease) -> int:
     """The tokens llama-server keeps of a slot reused in place, on an SWA model: all `lcp` only when the prompt
     extends the slot's whole prompt (it then rolls back at most to its checkpoint near the end). A prompt that
     leaves it earlier (the next question on the same article) makes llama-server roll back to a checkpoint
@@ -106,31 +102,18 @@ def in_place(lease: Any) -> int:
     return lease.lcp if lease.lcp >= len(lease.slot.tokens) else 0
 
 
-async def restore_cut(broker: Any, lease: Any, naming: Any, tokens: Optional[Sequence[int]], hint: Optional[dict]
-                      ) -> Optional[tuple[str, int]]:
-    """Restore the best stored state cut at its common prefix with the prompt into the leased slot (`broker`: the
-    hooks' Broker). Returns (X-KV-Cache kind, P), or None when nothing beats the slot's own content or the cut
-    cannot be emitted: the caller then goes on as on any other model."""
-    if not tokens:
-        return None
-    if hint is None:
-        hint = await broker.lookup(naming.namespace, tokens)
-    c = await choose(broker.store, naming.namespace, naming.name, naming.parent, tokens, hint, broker.block_size)
+async def plan(store: AsyncStore, lease: Lease, naming: Naming, tokens: Sequence[int], hint: Optional[dict],
+               min_tokens: int) -> Optional[Cut]:
+    """The cut worth restoring into the leased slot for this prompt, or None when nothing beats the slot's own
+    content: the caller then goes on as on any other model."""
+    c = await choose(store, naming.namespace, naming.name, naming.parent, tokens, hint, min_tokens)
     if c is None or c.n_common <= in_place(lease) or (c.n_common >= c.n_tokens and c.kind == "restored"):
         # A prompt that extends the whole of its own state restores it whole, as before: llama-server then rolls
         # back to its own last checkpoint (~5 tokens) exactly as if the state had kept its slot, so a returning
-        # user's reply is token for token the one it would have had (tests/test_hooks_users.py). A parent or
-        # another stored state is cut at its end instead: a checkpoint at P, so nothing is evaluated twice.
+        # user's reply is token for token the one it would have had (tests/hooks/test_hooks_users.py). A parent
+        # or another stored state is cut at its end instead: a checkpoint at P, so nothing is evaluated twice.
         return None
     p = cut_point(c, len(tokens))
     if p <= in_place(lease):
         return None
-    r = await broker.transfer.restore_cut(lease, naming.namespace, p,
-                                          name=c.name if c.kind != "prefix" else None, manifest_id=c.manifest_id)
-    if r is None:
-        return None
-    if c.kind == "parent":
-        broker.table.set_parent(lease.slot, naming.parent if naming.name else None)
-    elif c.kind == "prefix" and naming.name and c.name and c.name != naming.name:
-        broker.table.set_parent(lease.slot, c.name)
-    return c.kind, int(r.get("n_restored") or 0)
+    return Cut(c, p)

@@ -1,6 +1,6 @@
-"""The synchronous llama-server client (urllib, timeouts, no dependencies): a transport over `kvstore.llama`.
+"""The synchronous llama-server client (httpx, as the proxy's async one): a transport over `kvstore.llama`.
 
-Used by `kvstore.save`/`kvstore.restore` and the CLI. It talks to a plain `llama-server` or to a `kvstore serve`
+Contract: used by `kvstore.save`/`kvstore.restore` and the CLI. It talks to a plain `llama-server` or to a `kvstore serve`
 proxy in front of one (`is_kvstore()` tells them apart). Request shapes, tokenize semantics and error bodies are
 `kvstore.llama`'s; this module sends them and raises `ServerError`. Every slot id is checked against the server's
 slot count first (llama-server silently wraps a wrong one).
@@ -8,9 +8,9 @@ slot count first (llama-server silently wraps a wrong one).
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any, Mapping, Optional
+
+import httpx
 
 from kvstore import llama
 from kvstore import config
@@ -50,22 +50,19 @@ class LlamaServer:
         hdrs = {"Accept": "application/json", **self.headers, **(headers or {})}
         if data is not None:
             hdrs["Content-Type"] = "application/json"
-        req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout if timeout is None else timeout) as r:
-                raw = r.read()
-        except urllib.error.HTTPError as e:
-            try:
-                raw_err = e.read()
-            except Exception:  # pragma: no cover - connection dropped while reading the error
-                raw_err = b""
-            detail = llama.error_text(raw_err) if raw_err else (e.reason or "")
-            raise ServerError(f"{method} {url}: HTTP {e.code}: {detail}", url=url, status=e.code,
-                              detail=str(detail)) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
+            # One connection per call (as before); `timeout` bounds connecting and each read and write.
+            r = httpx.request(method, url, content=data, headers=hdrs, follow_redirects=True,
+                              timeout=self.timeout if timeout is None else timeout)
+        except (httpx.HTTPError, OSError) as e:
+            reason = str(e) or type(e).__name__
             raise ServerError(f"{method} {url}: server unreachable ({reason}); is llama-server running there?",
-                              url=url, detail=str(reason)) from None
+                              url=url, detail=reason) from None
+        raw = r.content
+        if r.status_code >= 400:
+            detail = llama.error_text(raw) if raw else r.reason_phrase
+            raise ServerError(f"{method} {url}: HTTP {r.status_code}: {detail}", url=url, status=r.status_code,
+                              detail=str(detail)) from None
         if not raw:
             return None
         try:

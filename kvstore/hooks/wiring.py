@@ -1,0 +1,62 @@
+"""What one running hooks server is made of: its configuration (`HooksConfig`) and the parts built together once
+llama-server has answered (`Wired`).
+
+Contract: `Wired` is made whole or not at all (`app.Hooks._connect_once`), so a handler never meets half a server:
+until it exists every request is a 503 (`app.ready_middleware`). No aiohttp.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Union
+
+from kvstore.config import Location, locate
+
+from .auth import Tenancy
+from .broker import Broker
+from .slots import SlotTable
+from .store import AsyncStore
+from .transfer import Transfer
+from .upstream import FIRST_BYTE_TIMEOUT, IDLE_TIMEOUT, Upstream
+
+
+@dataclass
+class HooksConfig:
+    upstream: str  # llama-server URL
+    # A store directory, `s3://BUCKET/PREFIX` (with `cache`, `cache_size`) or a Location; llama-server's
+    # --slot-save-path must be the location's `sync` (<store>/sync, or <cache>/sync for S3).
+    store: Union[Path, str, Location]
+    name_from_user: bool = False
+    idle_save: float = 30.0  # seconds; <= 0 disables
+    max_queue: int = 64
+    fingerprint_extra: dict = field(default_factory=dict)  # added to the server fingerprint (e.g. swa_full)
+    upstream_timeout: float = FIRST_BYTE_TIMEOUT  # seconds to a reply's first byte (a non-streamed reply: all of it)
+    upstream_idle_timeout: float = IDLE_TIMEOUT  # seconds between two chunks of a reply
+    watch_period: float = 2.0  # seconds between checks for a restarted llama-server (also after connection errors)
+    sync_sweep: float = 60.0  # a foreign file in the sync dir is removed once this old (checked this often)
+    tenancy: Tenancy = field(default_factory=Tenancy)  # API keys -> namespaces; none: single-tenant
+    upstream_api_key: Optional[str] = None  # llama-server's own --api-key (the embedded server's is random)
+    embedded: bool = False  # the upstream is kvstore serve's own (its prompt cache is off when keys are set)
+    # SWA models: the server's SWA cache cells per slot (hooks/cut.py swa_cells), so a cut keeps a fresh
+    # evaluation's cell layout; 0 when unknown (an external llama-server): the cut carries the window alone.
+    swa_cells: int = 0
+    cache: Optional[Path] = None  # an S3 store's cache directory (default: config.default_cache_dir)
+    cache_size: Optional[int] = None  # bytes
+
+    @property
+    def location(self) -> Location:
+        if isinstance(self.store, Location):
+            return self.store
+        return locate(self.store, cache=self.cache, cache_size=self.cache_size)
+
+
+@dataclass(frozen=True)
+class Wired:
+    """The parts that need llama-server's answer (its slot count and fingerprint), built together."""
+
+    up: Upstream
+    store: AsyncStore
+    transfer: Transfer
+    table: SlotTable
+    broker: Broker
+    n_slots: int
