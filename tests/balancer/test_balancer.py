@@ -175,7 +175,7 @@ def burst(url: str, n: int = 8) -> list[str]:
 
     def one(i):
         go.wait()
-        r = ask(url, ARTICLES[0] + f"\nQuestion {i}: what is said in sentence {i}? Answer:", n_predict=12)
+        r = ask(url, ARTICLES[0] + f"\nQuestion {i}: what is said in sentence {i}? Answer:", n_predict=6)
         out[i] = r.headers.get("X-KV-Server") if r.status == 200 else f"error {r.status}"
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
@@ -239,7 +239,7 @@ def test_a_killed_server_s_users_are_restored_on_the_other(farm):
     prompt = turn_prompt(farm.history[in_flight], QUESTIONS[farm.turns[in_flight] % len(QUESTIONS)])
     answer: list = []
     t = threading.Thread(target=lambda: answer.append(
-        ask(farm.lb.url, prompt, name=in_flight, n_predict=48)))
+        ask(farm.lb.url, prompt, name=in_flight, n_predict=32)))
     t.start()
     node = farm.by_server[victim]
     deadline = time.monotonic() + 60
