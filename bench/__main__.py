@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvstore.models import model_path
 
-from . import batch, handoff, storage, workloads
+from . import balancer, batch, handoff, storage, workloads
 from .targets import TARGETS, Target, cleanup, workdir
 
 PRESETS = {
@@ -63,6 +63,12 @@ PRESETS["s3"] = {**PRESETS["quick"], "models": ["smollm2"], "targets": ["plain",
                  "w1": {"seed": 1, "users": 5, "turns": 4, "system_words": 40, "msg_words": 30, "n_predict": 12,
                         "inflight": 2},
                  "handoff": {"history_words": 700}}
+# Two servers behind a real HAProxy (kvstore balancer-config): round-robin vs by name, next to one server, all on
+# one S3 store; its own table (bench/balancer.py): restores from the bucket, times as ratios to the one server.
+PRESETS["balancer"] = {**PRESETS["quick"], "models": ["smollm2"], "targets": ["s3x1", "lb-rr", "lb-name"],
+                       "workloads": ["W1"], "ctx_size": 4096,
+                       "w1": {"seed": 1, "users": 10, "turns": 4, "system_words": 40, "msg_words": 25,
+                              "n_predict": 8, "inflight": 3}}
 MULTI_SERVER_WORKLOADS = ("W1", "W3", "W1long")  # W2 has no users to move between servers
 
 
@@ -85,7 +91,7 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
                for o in ("article-major", "question-major")
                for par in ((False, True) if spec.kind == "kvstore" else (False,))],
     }[name]
-    if spec.servers > 1 and name not in MULTI_SERVER_WORKLOADS:
+    if spec.servers > 1 and not spec.balance and name not in MULTI_SERVER_WORKLOADS:
         return rows
     for label, fn in variants:
         wd = workdir()
@@ -202,7 +208,7 @@ def main(argv=None) -> int:
     out = Path(args.out or Path(__file__).parent / "results" / f"{args.preset}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
-    print(table(results))
+    print(balancer.table(results) if args.preset == "balancer" else table(results))
     print(f"\nJSON: {out}", file=sys.stderr)
     return 0
 

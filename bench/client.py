@@ -19,6 +19,7 @@ class Result:
     text: str
     tokens: list = field(default_factory=list)
     kv_cache: str = ""  # X-KV-Cache reply header (kvstore only)
+    server: str = ""  # who answered: a balancer's X-KV-Server reply header, else the URL asked
 
 
 def post_json(url: str, body: dict, headers: Optional[dict] = None, timeout: float = 600) -> dict:
@@ -44,6 +45,7 @@ def complete(base: str, prompt: str, n_predict: int, extra: Optional[dict] = Non
     text, tokens, timings = [], [], {}
     with urllib.request.urlopen(req, timeout=900) as r:
         kv = r.headers.get("X-KV-Cache", "")
+        server = r.headers.get("X-KV-Server") or base
         for raw in r:
             line = raw.strip()
             if not line.startswith(b"data:"):
@@ -58,4 +60,4 @@ def complete(base: str, prompt: str, n_predict: int, extra: Optional[dict] = Non
     total = time.perf_counter() - t0
     return Result(prompt_n=int(timings.get("prompt_n", 0)), cache_n=int(timings.get("cache_n", 0)),
                   ttft_s=ttft if ttft is not None else total, total_s=total, text="".join(text),
-                  tokens=tokens, kv_cache=kv)
+                  tokens=tokens, kv_cache=kv, server=server)

@@ -43,6 +43,8 @@ class TargetSpec:
     kind: str  # "llama" (plain llama.cpp server) or "kvstore" (kvstore serve in front of one)
     cache_ram: int = 0  # llama-server --cache-ram MiB
     servers: int = 1  # > 1: that many `kvstore serve` on one S3 store, each request of a user on the next one
+    balance: str = ""  # "name" | "roundrobin": the servers behind a real HAProxy (kvstore balancer-config) instead
+    bucket: bool = False  # an S3 store even for one server
 
 
 TARGETS = {
@@ -51,6 +53,9 @@ TARGETS = {
     "ram512": TargetSpec("llama-server --cache-ram 512", "llama", 512),
     "kvstore": TargetSpec("kvstore serve", "kvstore", 0),
     "s3x2": TargetSpec("2x kvstore serve, one S3 store", "kvstore", 0, servers=2),
+    "s3x1": TargetSpec("1x kvstore serve, S3 store", "kvstore", 0, bucket=True),
+    "lb-rr": TargetSpec("2x kvstore serve, HAProxy round-robin", "kvstore", 0, servers=2, balance="roundrobin"),
+    "lb-name": TargetSpec("2x kvstore serve, HAProxy by name", "kvstore", 0, servers=2, balance="name"),
 }
 # With several servers a user's newest state must reach the bucket before their next turn lands elsewhere: the
 # servers save a slot this long after its last request (instead of the default 30 s).
@@ -69,7 +74,8 @@ class Target:
         self.urls: list[str] = []
         self.remote: Optional[str] = None  # s3://... for a several-server target
         self.env: Optional[dict] = None
-        if spec.servers > 1:
+        self.balancer = None  # tests/haproxy.py's HAProxy, for a target with spec.balance
+        if spec.servers > 1 or spec.bucket:
             sw = seaweed()
             self.remote = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
             self.env = sw.env()
@@ -85,7 +91,10 @@ class Target:
         return self.urls[0]
 
     def url_for(self, session_index: int, turn: int) -> str:
-        """Where a session's turn goes: with several servers, each turn on the next one (the worst locality)."""
+        """Where a session's turn goes: the balancer; else with several servers, each turn on the next one (the
+        worst locality)."""
+        if self.balancer is not None:
+            return self.balancer.url
         return self.urls[(session_index + turn) % len(self.urls)]
 
     def start(self) -> None:
@@ -108,8 +117,15 @@ class Target:
                 wait_healthy(self.urls[-1], timeout=180, alive=lambda: proc.poll() is None)
             except RuntimeError as e:
                 raise RuntimeError(f"{self.spec.name}: {e}; see {self.log.name}") from None
+        if self.spec.balance:
+            from haproxy import HAProxy  # tests/haproxy.py (on sys.path since seaweed() ran)
+
+            self.balancer = HAProxy(self.workdir / "haproxy", self.urls, balance=self.spec.balance).start()
 
     def stop(self) -> None:
+        if self.balancer is not None:
+            self.balancer.stop()
+            self.balancer = None
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -28,14 +28,26 @@ class Tally:
     requests: int = 0
     ttft_returning: list = field(default_factory=list)
     kv_cache: dict = field(default_factory=dict)
+    # Several servers: a returning request served by another server than the session's previous one has "moved";
+    # `restored` there, its state came from the bucket (that server's cache never held its newest blocks).
+    last_server: dict = field(default_factory=dict)
+    returning: int = 0
+    moved: int = 0
+    restored_from_bucket: int = 0
 
-    def add(self, res, ideal: int, returning: bool) -> None:
+    def add(self, res, ideal: int, returning: bool, session=None) -> None:
         self.prompt_n += res.prompt_n
         self.cache_n += res.cache_n
         self.ideal += ideal
         self.requests += 1
         if returning:
             self.ttft_returning.append(res.ttft_s)
+            self.returning += 1
+            if session in self.last_server and self.last_server[session] != res.server:
+                self.moved += 1
+                self.restored_from_bucket += res.kv_cache == "restored"
+        if session is not None:
+            self.last_server[session] = res.server
         if res.kv_cache:
             self.kv_cache[res.kv_cache] = self.kv_cache.get(res.kv_cache, 0) + 1
 
@@ -45,7 +57,8 @@ class Tally:
         return {"requests": self.requests, "prompt_n": self.prompt_n, "cache_n": self.cache_n, "ideal": self.ideal,
                 "ratio_to_ideal": round(self.prompt_n / self.ideal, 3) if self.ideal else None,
                 "ttft_returning_p50_s": round(statistics.median(t), 4) if t else None,
-                "ttft_returning_p95_s": round(p95, 4) if t else None, "kv_cache": self.kv_cache}
+                "ttft_returning_p95_s": round(p95, 4) if t else None, "kv_cache": self.kv_cache,
+                "returning": self.returning, "moved": self.moved, "restored_from_bucket": self.restored_from_bucket}
 
 
 class Session:
@@ -96,7 +109,7 @@ def run_w1(target, p: dict, restart_at: int = 0) -> dict:
             order = users[:]
             rng.shuffle(order)
             for u, prompt, tokens, res in pool.map(one, order):
-                tally.add(res, sessions[u].ideal(tokens), returning=turn[u] > 0)
+                tally.add(res, sessions[u].ideal(tokens), returning=turn[u] > 0, session=u)
                 sessions[u].record(tokens, res.tokens)
                 history[u] = prompt + res.text + "\n"
                 turn[u] += 1
@@ -131,7 +144,7 @@ def run_w2(target, p: dict, order: str, parents: bool, naming: str = "question",
             if a in primed:
                 return
             head_tokens = tokenize(target.url, head)
-            r = post_json(f"{target.url}/kvstore/states/a{a}", {"prompt": head})
+            r = post_json(f"{target.url_for(a, 0)}/kvstore/states/a{a}", {"prompt": head})
             pn = int((r.get("timings") or {}).get("prompt_n", r.get("prompt_n", len(head_tokens))))
             primed[a] = (pn, head_tokens)
 
@@ -146,7 +159,7 @@ def run_w2(target, p: dict, order: str, parents: bool, naming: str = "question",
             if parents:
                 extra["cache_prompt_parent"] = f"a{a}"
                 prime(a, head)
-        return a, tokens, complete(target.url, prompt, p["n_predict"], extra)
+        return a, tokens, complete(target.url_for(a, 0), prompt, p["n_predict"], extra)
 
     t0 = time.perf_counter()
     counted = set()
@@ -158,7 +171,7 @@ def run_w2(target, p: dict, order: str, parents: bool, naming: str = "question",
                 tally.ideal += sessions[a].ideal(head_tokens)
                 sessions[a].record(head_tokens, [0])
                 counted.add(a)
-            tally.add(res, sessions[a].ideal(tokens), returning=bool(sessions[a].seen))
+            tally.add(res, sessions[a].ideal(tokens), returning=bool(sessions[a].seen), session=a)
             sessions[a].record(tokens, res.tokens)
     out = tally.summary()
     out["wall_s"] = round(time.perf_counter() - t0, 2)

@@ -182,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(and check materialized ones against it)")
     sp.add_argument("--n-stream", type=int, metavar="K", help="slot count of the server that will restore "
                                                              "(default: the --server's, else as saved)")
+    from kvstore.hooks import balancer  # the HAProxy config generator lives with the hooks whose names it routes by
+
+    sp = add("balancer-config", "print an HAProxy config that sends each request to the kvstore serve holding its "
+             "state (several servers on one store)", balancer.run)
+    balancer.add_args(sp)
     return p
 
 

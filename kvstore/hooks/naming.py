@@ -17,6 +17,7 @@ PARENT_FIELD = "cache_prompt_parent"
 NAME_HEADER = "X-KV-Name"
 PARENT_HEADER = "X-KV-Parent"
 NAMESPACE_HEADER = "X-KV-Namespace"
+USER_FIELD = "user"  # OpenAI's end-user id: the name with --name-from-user
 
 
 class BadName(BadRequest, ValueError):
@@ -62,7 +63,7 @@ def naming_of(headers: Mapping[str, str], body: Optional[Mapping[str, Any]], *, 
     if name is None:
         name = headers.get(NAME_HEADER)
     if name is None and name_from_user:
-        name = body.get("user")
+        name = body.get(USER_FIELD)
     parent = body.get(PARENT_FIELD)
     if parent is None:
         parent = headers.get(PARENT_HEADER)
