@@ -20,6 +20,7 @@ from aiohttp import web
 from kvstore import llama
 from kvstore.fingerprint import server_fingerprint
 
+from . import cut
 from .broker import Broker
 from .errors import Unavailable, UpstreamError, UpstreamReply
 from .handlers import Handlers
@@ -132,7 +133,8 @@ class Hooks:
         transfer = Transfer(up, store, self.sync, self.metrics, n_slots=n_slots, fingerprint=fp,
                             swa_cells=self.cfg.swa_cells)
         table = SlotTable(n_slots, save=transfer.save, max_queue=self.cfg.max_queue,
-                          erase=lambda s: up.slot_action(s.id, "erase"))
+                          erase=lambda s: up.slot_action(s.id, "erase"),
+                          extension_only=lambda: cut.extension_only(transfer.fingerprint, transfer.layout))
         broker = Broker(up, store, transfer, table, self.metrics)
         await self._restarted(up)  # the first look at the slots' task ids
         self._wired = wired = Wired(up=up, store=store, transfer=transfer, table=table, broker=broker,

@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Optional
+
+from kvstore.errors import NameNotFound
 
 from . import cut
 from .auth import Caller
@@ -23,7 +26,7 @@ from .errors import (BadRequest, Forbidden, NotFound, NotStored, RestoreFailed, 
                      remote_unavailable)
 from .metrics import Metrics
 from .naming import Naming
-from .slot import Lease, Slot
+from .slot import Lease, Slot, common_prefix, extends
 from .slots import SlotTable
 from .store import AsyncStore
 from .transfer import Transfer
@@ -55,6 +58,19 @@ class Once:
             self.value = await self._fn()
             self._done = True
         return self.value
+
+
+@dataclass
+class Ask:
+    """What `Broker.plan` asks the slot table for: the prompt's tokens (None: not tokenized), the stored-prefix
+    hit, the fewest shared tokens for a similar slot in place, whether the store was looked up, and whether to
+    take an idle slot when the name is busy in another."""
+
+    tokens: Optional[list[int]] = None
+    hint: Optional[dict] = None
+    better_than: int = 0
+    looked_up: bool = False
+    fork: bool = False
 
 
 class Broker:
@@ -100,27 +116,44 @@ class Broker:
         return None
 
     # ---- a request's slot ------------------------------------------------------------------------------------
-    async def plan(self, naming: Naming, tokens_fn: TokensFn) -> tuple[Optional[list[int]], Optional[dict], int, bool]:
-        """What to ask the slot table for, before taking a slot: (tokens, stored-prefix hit, better_than, looked_up).
+    async def plan(self, naming: Naming, tokens_fn: TokensFn) -> "Ask":
+        """What to ask the slot table for, before taking a slot.
 
         A request with nothing of its own to restore (unnamed without a parent; named, with its name neither
         resident nor stored and no parent resident or stored) may reuse an idle slot's content in place, as
         llama-server's slot similarity does: its prompt is tokenized and the longest stored prefix looked up, and
         a slot wins if it shares more than that (a named request: at least one store block too).
+        Where llama-server cannot roll back inside a slot's content (`cut.extension_only`) the prompt of a named
+        request is tokenized as well, so that the table can tell whether its name or parent resident in a slot
+        may serve it in place (`SlotTable.usable`). A request whose name is busy in a slot takes an idle one
+        (`fork`) when a stored state shares at least as much with its prompt as the busy slot does: waiting
+        would save nothing.
         """
         ns = naming.namespace
         if naming.name is None:
             if naming.parent is not None:
-                return None, None, 0, False
-        elif (self.table.resident(naming.key) is not None or await self.stored(ns, naming.name)
-              or (naming.parent is not None and (self.table.resident(naming.parent_key) is not None
-                                                 or await self.stored(ns, naming.parent)))):
-            return None, None, 0, False
+                return Ask()
+        else:
+            resident = self.table.resident(naming.key)
+            if (resident is not None or await self.stored(ns, naming.name)
+                    or (naming.parent is not None and (self.table.resident(naming.parent_key) is not None
+                                                       or await self.stored(ns, naming.parent)))):
+                ask = Ask()
+                if resident is not None and resident.busy or cut.extension_only(self.transfer.fingerprint,
+                                                                                 self.transfer.layout):
+                    # tokens for `usable`; never a similar slot in place of its own state (better_than)
+                    ask.tokens = await tokens_fn()
+                    ask.better_than = 1 << 40
+                if resident is not None and resident.busy and ask.tokens:
+                    ask.hint, ask.looked_up = await self.lookup(ns, ask.tokens), True
+                    covered = int(ask.hint["n_common"]) if ask.hint else 0
+                    ask.fork = covered > 0 and covered >= common_prefix(resident.tokens, ask.tokens)
+                return ask
         tokens = await tokens_fn()
         hint = await self.lookup(ns, tokens)
         stored = int(hint["n_common"]) if hint else 0
         better = stored if naming.name is None else max(stored + 1, self.block_size)
-        return tokens, hint, better, True
+        return Ask(tokens, hint, better, True)
 
     async def prepare(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, hint: Optional[dict],
                       looked_up: bool = False) -> tuple[str, int]:
@@ -136,7 +169,7 @@ class Broker:
                     done = await self._restore_cut(lease, naming, await tokens_fn(), hint)
                     if done is not None:
                         return done
-            if naming.name:
+            if naming.name and not await self._parent_serves_better(naming, tokens_fn):
                 with contextlib.suppress(NotStored):
                     r = await self.transfer.restore(lease, ns, name=naming.name)
                     return "restored", int(r.get("n_restored") or 0)
@@ -155,6 +188,23 @@ class Broker:
         except RestoreFailed:
             return "miss", 0
         return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
+
+    async def _parent_serves_better(self, naming: Naming, tokens_fn: TokensFn) -> bool:
+        """A recurrent or hybrid state is never rolled back into (it cannot be cut): when the prompt leaves the
+        name's stored state but extends its parent's (the next question on the same article), the parent is
+        restored instead of the name."""
+        if (not naming.parent or cut.applies(self.transfer.fingerprint, self.transfer.layout)
+                or not cut.extension_only(self.transfer.fingerprint, self.transfer.layout)):
+            return False
+        tokens = await tokens_fn()
+        if not tokens:
+            return False
+        try:
+            own = await self.store.tokens(naming.name, namespace=naming.namespace)
+            parent = await self.store.tokens(naming.parent, namespace=naming.namespace)
+        except NameNotFound:
+            return False
+        return not extends(own, tokens) and extends(parent, tokens)
 
     async def _restore_cut(self, lease: Lease, naming: Naming, tokens: Optional[list[int]], hint: Optional[dict]
                            ) -> Optional[tuple[str, int]]:
@@ -190,15 +240,15 @@ class Broker:
 
         plan: consider in-place reuse of an idle slot's content (see plan()); False for never-named requests.
         """
-        tokens, hint, better, looked_up = await self.plan(naming, tokens_fn) if plan else (None, None, 0, False)
+        ask = await self.plan(naming, tokens_fn) if plan else Ask()
         # A stored state of the request's own name beats its parent resident in a slot: it holds more tokens.
         parent = naming.parent_key
         if parent is not None and naming.name is not None and await self.stored(naming.namespace, naming.name):
             parent = None
-        async with self.table.acquire(key=naming.key, parent=parent, tokens=tokens, namespace=naming.namespace,
-                                      better_than=better) as lease:
+        async with self.table.acquire(key=naming.key, parent=parent, tokens=ask.tokens, namespace=naming.namespace,
+                                      better_than=ask.better_than, fork=ask.fork) as lease:
             try:
-                kind, n_restored = await self.prepare(lease, naming, tokens_fn, hint, looked_up)
+                kind, n_restored = await self.prepare(lease, naming, tokens_fn, ask.hint, ask.looked_up)
                 self.metrics.kind(kind)
                 yield lease, kind, n_restored
             except UpstreamError:  # timed out or lost on the way: what the slot holds now is unknown

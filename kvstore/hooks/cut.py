@@ -19,7 +19,7 @@ from typing import Mapping, Optional, Sequence
 from kvstore.errors import NameNotFound
 
 from .naming import Naming
-from .slot import Lease, common_prefix
+from .slot import Lease, common_prefix, extends
 from .store import AsyncStore
 
 # Order of preference among equal common prefixes: the request's own state, its parent, any other state.
@@ -48,6 +48,14 @@ def applies(fingerprint: Mapping[str, str], layout: Optional[str]) -> bool:
     has no recurrent section, whose state is one value for the whole sequence (docs/design.md "Recurrent and
     hybrid models"; the store refuses such a cut too)."""
     return int(fingerprint.get("n_swa") or 0) > 0 and "rec[" not in (layout or "")
+
+
+def extension_only(fingerprint: Mapping[str, str], layout: Optional[str]) -> bool:
+    """Can llama-server use a slot's content in place only when the prompt extends all of it? So on an SWA model
+    (a fork inside the window rolls back to a checkpoint before it, or re-evaluates everything) and with a
+    recurrent section (its state is one value for the whole sequence: no rolling back at all). On a
+    full-attention model any common prefix is kept (the cells past it are simply dropped)."""
+    return int(fingerprint.get("n_swa") or 0) > 0 or "rec[" in (layout or "")
 
 
 def best(candidates: Sequence[Candidate], min_tokens: int) -> Optional[Candidate]:
@@ -99,7 +107,7 @@ def in_place(lease: Lease) -> int:
     leaves it earlier (the next question on the same article) makes llama-server roll back to a checkpoint
     before the fork or re-evaluate everything, so a cut of the stored state (saved when the slot was relabelled)
     is worth more (bench W2 article-major without parents, README)."""
-    return lease.lcp if lease.lcp >= len(lease.slot.tokens) else 0
+    return lease.lcp if extends(lease.slot.tokens, lease.slot.tokens[:lease.lcp]) else 0
 
 
 async def plan(store: AsyncStore, lease: Lease, naming: Naming, tokens: Sequence[int], hint: Optional[dict],

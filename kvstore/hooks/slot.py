@@ -82,6 +82,13 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def extends(held: Sequence[int], tokens: Sequence[int]) -> bool:
+    """Does a prompt of `tokens` extend all of `held` (a slot's or a stored state's tokens)? The rule for using
+    content in place where llama-server cannot roll back inside it cheaply (an SWA window, a recurrent state:
+    `SlotTable.usable`, `cut.in_place`)."""
+    return common_prefix(held, tokens) >= len(held)
+
+
 class SlotEvents(Protocol):
     """What a lease holder reports to the table that leased it (`slots.SlotTable` implements it)."""
 

@@ -20,7 +20,7 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from .errors import QueueFull, SaveFailed, Unavailable
-from .slot import Key, Lease, Slot, common_prefix
+from .slot import Key, Lease, Slot, common_prefix, extends
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -29,8 +29,12 @@ class SlotTable:
 
     def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[object]],
                  erase: Optional[Callable[[Slot], Awaitable[Any]]] = None, max_queue: int = 64,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 extension_only: Callable[[], bool] = lambda: False):
         self.slots = [Slot(i) for i in range(n_slots)]
+        # True when llama-server can use a slot's content in place only if the prompt extends all of it (an SWA
+        # cache, a recurrent state: cut.extension_only); asked at each pick, since the layout is learned late.
+        self.extension_only = extension_only
         self._save = save
         self._erase = erase  # llama-server's action=erase; None only in unit tests of picking
         self.max_queue = max_queue
@@ -73,19 +77,33 @@ class SlotTable:
             return None
         return min(idle, key=lambda s: (not s.empty, s.last_used, s.id))
 
+    def usable(self, slot: Slot, tokens: Optional[Sequence[int]]) -> bool:
+        """May the slot's content serve this prompt in place? The one rule for every path that hands a request a
+        slot as it is (its name resident, its parent resident, a similar slot): always on a full-attention model
+        (llama-server keeps the common prefix); elsewhere only if the prompt extends all the slot holds (`extends`)
+        — otherwise its state is saved if dirty and a stored state, cut at the fork where the model allows, is
+        restored instead. Unknown tokens (not tokenized) keep the old answer: usable."""
+        if tokens is None or not slot.tokens or not self.extension_only():
+            return True
+        return extends(slot.tokens, tokens)
+
     def _pick(self, key: Optional[Key], parent: Optional[Key], tokens: Optional[Sequence[int]],
-              slot_id: Optional[int], better_than: int, namespace: str = "", avoid: frozenset = frozenset()
-              ) -> Optional[Lease]:
+              slot_id: Optional[int], better_than: int, namespace: str = "", avoid: frozenset = frozenset(),
+              fork: bool = False) -> Optional[Lease]:
         """A lease on a free slot, or None (wait). avoid: slots whose dirty state failed to save for this request;
-        when only they are free, raise Unavailable rather than reuse them without their state."""
+        when only they are free, raise Unavailable rather than reuse them without their state. fork: when the
+        name is busy in a slot, take an idle one instead of waiting (a stored state covers what the busy slot
+        shares with the prompt: the broker decided)."""
         if slot_id is not None:
             s = self.slots[slot_id]
             return None if s.busy else Lease(s, resident=key is not None and s.key == key)
         if key is not None:
             r = self.resident(key)
-            if r is not None:
-                # Wait for it rather than fork a second copy of the same name.
-                return None if r.busy else Lease(r, resident=True)
+            if r is not None and not r.busy and r.id not in avoid:
+                # In place if it may be; else the same slot, its state saved first and a stored one restored.
+                return Lease(r, resident=self.usable(r, tokens))
+            if r is not None and r.busy and not fork:
+                return None  # wait for it rather than fork a second copy of the same name
         idle = [s for s in self._idle() if s.id not in avoid]
         if not idle:
             if any(not s.busy for s in self.slots):
@@ -93,7 +111,7 @@ class SlotTable:
                                   "there and saved again later)")
             return None
         p = self.resident(parent)
-        if p is not None and not p.busy and p.id not in avoid:
+        if p is not None and not p.busy and p.id not in avoid and self.usable(p, tokens):
             return Lease(p, parent_resident=True)
         # Only a slot holding content of the same namespace is reused in place: tenants never share KV cells
         # (nor learn, from cache_n, what another tenant's prompt began with).
@@ -119,7 +137,8 @@ class SlotTable:
     async def acquire(self, *, key: Optional[Key] = None, parent: Optional[Key] = None,
                       tokens: Optional[Sequence[int]] = None, slot_id: Optional[int] = None,
                       better_than: int = 0, relabel: bool = True, namespace: str = "",
-                      guard: Optional[Callable[[Slot], None]] = None) -> AsyncIterator[Lease]:
+                      guard: Optional[Callable[[Slot], None]] = None, fork: bool = False
+                      ) -> AsyncIterator[Lease]:
         """Hold a slot for a request.
 
         key: the request's name (None: unnamed). parent: a parent name to use in place if resident.
@@ -131,13 +150,13 @@ class SlotTable:
         label the slot with `key`; False leaves the slot's label alone (raw save, idle save). guard(slot): called
         once the slot is held, before anything changes; raising refuses the lease (raw slot API on another
         namespace's slot). A relabelled slot holding another namespace's cells is erased first (after its dirty
-        state is saved).
+        state is saved). fork: see `_pick`; two slots may then hold one name until one of them finishes.
         """
         if key is not None:
             namespace = key[0]
         avoid: set[int] = set()
         while True:
-            lease = await self._wait_pick(key, parent, tokens, slot_id, better_than, namespace, frozenset(avoid))
+            lease = await self._wait_pick(key, parent, tokens, slot_id, better_than, namespace, frozenset(avoid), fork)
             slot = lease.slot
             lease.table = self
             # The lock is free (checked by _pick in this same step), so this does not suspend.
@@ -145,7 +164,8 @@ class SlotTable:
             try:
                 if guard is not None:
                     guard(slot)
-                if relabel and not lease.resident and slot.dirty and slot.key != key:
+                if relabel and not lease.resident and slot.dirty:
+                    # Saved first, also when it holds this very name but cannot be used in place (`usable`).
                     await self.evict(lease, strict=True)
             except SaveFailed:
                 # Never reuse a slot without its state: it keeps its label and stays dirty; try another one.
@@ -186,9 +206,9 @@ class SlotTable:
         else:
             self._release(slot)
 
-    async def _wait_pick(self, key, parent, tokens, slot_id, better_than, namespace, avoid) -> Lease:
+    async def _wait_pick(self, key, parent, tokens, slot_id, better_than, namespace, avoid, fork=False) -> Lease:
         while True:
-            lease = self._pick(key, parent, tokens, slot_id, better_than, namespace, avoid)
+            lease = self._pick(key, parent, tokens, slot_id, better_than, namespace, avoid, fork)
             if lease is not None:
                 return lease
             if len(self._waiters) >= self.max_queue:
@@ -250,6 +270,12 @@ class SlotTable:
             slot.tokens = list(tokens)
         if slot.name is not None:
             slot.dirty = True
+            # Overlapping requests of one name (a fork): the one that finished last holds the name; an idle slot
+            # still labelled with it holds an older state and lets it go (its content stays, unnamed).
+            for other in self.slots:
+                if other is not slot and other.key == slot.key and not other.busy:
+                    other.hold(None)
+                    other.namespace = slot.namespace
 
     def restored(self, slot: Slot) -> None:
         """A raw restore loaded a stored state: clean, tokens unknown."""
