@@ -19,7 +19,7 @@ from typing import Mapping, Optional, Sequence
 from kvstore.errors import NameNotFound
 
 from .naming import Naming
-from .slot import Lease, common_prefix, extends
+from .slot import Lease, common_prefix
 from .store import AsyncStore
 
 # Order of preference among equal common prefixes: the request's own state, its parent, any other state.
@@ -102,12 +102,11 @@ async def choose(store: AsyncStore, namespace: str, name: Optional[str], parent:
 
 
 def in_place(lease: Lease) -> int:
-    """The tokens llama-server keeps of a slot reused in place, on an SWA model: all `lcp` only when the prompt
-    extends the slot's whole prompt (it then rolls back at most to its checkpoint near the end). A prompt that
-    leaves it earlier (the next question on the same article) makes llama-server roll back to a checkpoint
-    before the fork or re-evaluate everything, so a cut of the stored state (saved when the slot was relabelled)
-    is worth more (bench W2 article-major without parents, README)."""
-    return lease.lcp if extends(lease.slot.tokens, lease.slot.tokens[:lease.lcp]) else 0
+    """The tokens llama-server keeps of a slot reused in place: the lease's `lcp`, which the slot table sets to 0
+    where the prompt leaves the slot's content before its end on an SWA model (`SlotTable.usable`: llama-server
+    would roll back to a checkpoint before the fork or re-evaluate everything), so a cut of the stored state
+    (saved when the slot was relabelled) is worth more (bench W2 article-major without parents, README)."""
+    return lease.lcp
 
 
 async def plan(store: AsyncStore, lease: Lease, naming: Naming, tokens: Sequence[int], hint: Optional[dict],

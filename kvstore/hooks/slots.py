@@ -120,7 +120,8 @@ class SlotTable:
             best = max(same_ns, key=lambda s: (common_prefix(s.tokens, tokens), -s.last_used))
             lcp = common_prefix(best.tokens, tokens)
             if lcp > 0 and lcp >= better_than:
-                return Lease(best, lcp=lcp)
+                # lcp: what llama-server keeps in place; nothing where the prompt leaves the slot's content early
+                return Lease(best, lcp=lcp if self.usable(best, tokens) else 0)
         return Lease(self._lru(idle))  # type: ignore[arg-type]
 
     def _wake(self) -> None:

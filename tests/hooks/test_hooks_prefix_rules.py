@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvstore.hooks.cut import Candidate, applies, best, cut_point, in_place
+from kvstore.hooks.cut import Candidate, applies, best, cut_point
 
 
 def test_applies_only_to_attention_only_swa_layouts():
@@ -21,13 +21,6 @@ def test_cut_point_stays_inside_the_state_and_short_of_the_prompt_end():
     assert cut_point(Candidate("parent", "p", None, n_tokens=100, n_common=100), 120) == 100  # its end
     # a prompt that is a prefix of the state: llama-server evaluates its last token itself
     assert cut_point(Candidate("prefix", "a", None, n_tokens=100, n_common=60), 60) == 59
-
-
-def test_in_place_counts_only_a_slot_the_prompt_extends_whole():
-    slot = SimpleNamespace(tokens=list(range(50)))
-    assert in_place(SimpleNamespace(lcp=50, slot=slot)) == 50
-    assert in_place(SimpleNamespace(lcp=40, slot=slot)) == 0  # the prompt leaves it at 40: a rollback
-    assert in_place(SimpleNamespace(lcp=0, slot=SimpleNamespace(tokens=[]))) == 0
 
 
 def test_best_prefers_the_longest_common_prefix_then_own_parent_prefix():
