@@ -156,7 +156,7 @@ pub fn emit_prefix(base: StateRef<'_>, extras: &[StateRef<'_>], spec: &PrefixSpe
         }
         for q in window.clone() {
             let hit = cands.iter().find(|c| {
-                q < c.limit && c.rows.has(q) && c.check.map_or(true, |of| same_full_rows(of, full, q))
+                q < c.limit && c.rows.has(q) && c.check.is_none_or(|of| same_full_rows(of, full, q))
             });
             match hit {
                 Some(c) => {
