@@ -63,7 +63,7 @@ class FakeStore:
             raise NameNotFound(f"no state named {parent!r}")
         self.ingested.append((name, parent, dict(fingerprint)))
         self.names[name] = {"name": name, "layout": self.layout}
-        return {"n_tokens": 7, "file_bytes": 100, "new_stored_bytes": 10}
+        return {"n_tokens": 7, "file_bytes": 100, "new_stored_bytes": 10, "layout": self.layout}
 
     async def materialize(self, name, path, *, namespace, expect, n_stream):
         if name not in self.names:
