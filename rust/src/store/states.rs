@@ -143,6 +143,7 @@ mod tests {
 
         let info = s.get("q1", "").unwrap().unwrap();
         assert_eq!(info.n_tokens, 140);
+        assert_eq!(c.layout, info.layout); // the report says what `get` would, with no second read
         assert_eq!(info.parent.as_deref(), Some(a.manifest_id.as_str()));
         assert_eq!(s.tokens("q1", "").unwrap(), child);
         assert!(s.get("nope", "").unwrap().is_none());
