@@ -114,8 +114,8 @@ class Store:
         `parent` (a name in the same namespace, or a manifest id) is recorded as lineage only; an unknown parent is
         recorded as none, so a save is never lost over lineage. A `layout` key in `fingerprint` (the server's, learned
         from an earlier save) must equal the file's layout, else FingerprintMismatch; it is not stored as identity.
-        Returns {name, namespace, manifest_id, n_tokens, file_bytes, blocks, new_objects, new_raw_bytes,
-        new_stored_bytes, reused_bytes, parent_manifest, elapsed_s}."""
+        Returns {name, namespace, manifest_id, n_tokens, file_bytes, layout, blocks, new_objects, new_raw_bytes,
+        new_stored_bytes, reused_bytes, parent_manifest, elapsed_s} (`layout` as `get` reports it)."""
     def ingest_bytes(self, name: str, data: bytes, *, namespace: str = ...,
                      fingerprint: Optional[Mapping[str, str]] = None, parent: Optional[str] = None) -> dict[str, Any]: ...
     def materialize(self, name: str, out_path: str, *, namespace: str = ..., expect: Optional[Mapping[str, str]] = None,

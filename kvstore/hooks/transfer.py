@@ -69,7 +69,7 @@ class Transfer:
                 except NameNotFound:  # the parent is gone; keep the state anyway
                     info = await self.store.ingest(name, str(path), namespace=namespace, fingerprint=self.expect())
                 if self.layout is None:
-                    await self._learn_layout(name, namespace)
+                    self._learn_layout(info["layout"])
         except Exception:
             self.metrics.inc("save_failures")
             raise
@@ -81,10 +81,9 @@ class Transfer:
                  info.get("n_tokens"), info.get("new_stored_bytes"))
         return info
 
-    async def _learn_layout(self, name: str, namespace: str) -> None:
-        stored = await self.store.get(name, namespace=namespace)
-        if stored and not layout_is_empty(stored["layout"]):
-            self.layout = stored["layout"]
+    def _learn_layout(self, layout: str) -> None:
+        if not layout_is_empty(layout):
+            self.layout = layout
             log.info("hooks: llama-server's cache layout is %s", self.layout)
 
     async def restore(self, lease: Lease, namespace: str, *, name: Optional[str] = None,

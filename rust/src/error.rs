@@ -1,4 +1,8 @@
 //! One `Error` folding the module errors; `kind()` tells the Python boundary which exception to raise.
+//!
+//! CONTRACT: every failure of the core is one of these variants, each module's typed error kept whole (`From`
+//! for each, so `?` works); `Error::io` turns ENOSPC/EDQUOT into `StoreFull`; `kind()` is the one mapping to
+//! exception kinds (`py/errors.rs` maps kinds to classes), an `Unavailable` by its `why`.
 
 use std::path::PathBuf;
 
@@ -6,7 +10,7 @@ use crate::format::FormatError;
 use crate::index::IndexError;
 use crate::manifest::ManifestError;
 use crate::objects::ObjectError;
-use crate::remote::RemoteError;
+use crate::unavailable::{Unavailable, Why};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -19,7 +23,7 @@ pub enum Error {
     #[error(transparent)]
     Manifest(#[from] ManifestError),
     #[error(transparent)]
-    Remote(#[from] RemoteError),
+    Unavailable(#[from] Unavailable),
     #[error("no state named '{name}'{}", ns_suffix(namespace))]
     NameNotFound { namespace: String, name: String },
     #[error("no manifest {id}; list states with `kvstore ls`")]
@@ -49,9 +53,9 @@ pub enum ErrorKind {
     NameNotFound,
     InvalidName,
     StoreFull,
-    /// The bucket did not answer (down, unreachable, timed out).
+    /// Where the store keeps objects or names did not answer (down, unreachable, timed out).
     RemoteUnavailable,
-    /// A gc (or a save) holds the bucket's lock.
+    /// A gc (or a save) holds the store's lock.
     GcLocked,
     Other,
 }
@@ -66,10 +70,10 @@ impl Error {
         }
     }
 
-    /// The bucket error inside, if any.
-    pub fn remote(&self) -> Option<&RemoteError> {
+    /// The `Unavailable` inside, if any (from the objects or from the catalog).
+    pub fn unavailable(&self) -> Option<&Unavailable> {
         match self {
-            Error::Object(ObjectError::Remote(e)) | Error::Remote(e) => Some(e),
+            Error::Object(ObjectError::Unavailable(e)) | Error::Unavailable(e) => Some(e),
             _ => None,
         }
     }
@@ -79,10 +83,10 @@ impl Error {
             Error::Format(_) => ErrorKind::Format,
             Error::Object(ObjectError::Corrupt { .. } | ObjectError::Missing { .. }) => ErrorKind::Corrupt,
             Error::Object(ObjectError::Full { .. }) => ErrorKind::StoreFull,
-            Error::Object(ObjectError::Remote(e)) | Error::Remote(e) => match e {
-                RemoteError::Unavailable { .. } => ErrorKind::RemoteUnavailable,
-                RemoteError::Locked { .. } => ErrorKind::GcLocked,
-                _ => ErrorKind::Other,
+            Error::Object(ObjectError::Unavailable(e)) | Error::Unavailable(e) => match e.why {
+                Why::Unreachable => ErrorKind::RemoteUnavailable,
+                Why::Locked => ErrorKind::GcLocked,
+                Why::Refused => ErrorKind::Other,
             },
             Error::Object(_) => ErrorKind::Other,
             Error::Index(IndexError::InvalidName { .. }) => ErrorKind::InvalidName,

@@ -1,8 +1,8 @@
 //! `ObjectId`: blake3 of an object's uncompressed bytes; also names manifests.
 //!
-//! Contract: full lowercase hex (64 characters) on disk, in the index and in JSON (serde serializes it as that
-//! string); an 8-hex short form in messages (`Display`). Parsing has one home and one failure policy:
-//! `FromStr` with a typed [`IdParseError`]; no other module parses hex.
+//! CONTRACT: full lowercase hex (64 characters) on disk, in the index and in JSON (serde serializes it as that
+//! string); an 8-hex short form in messages (`Display`). Parsing an id has one home and one failure policy:
+//! `FromStr` with a typed [`IdParseError`]. Hex itself is the `hex` crate's.
 
 use std::fmt;
 use std::str::FromStr;
@@ -37,15 +37,8 @@ impl FromStr for ObjectId {
     type Err = IdParseError;
     fn from_str(s: &str) -> Result<Self, IdParseError> {
         let fail = || IdParseError { shown: format!("{:?}", s.chars().take(70).collect::<String>()) };
-        if s.len() != 64 {
-            return Err(fail());
-        }
         let mut out = [0u8; 32];
-        for (i, pair) in s.as_bytes().chunks(2).enumerate() {
-            let hi = (pair[0] as char).to_digit(16).ok_or_else(fail)?;
-            let lo = (pair[1] as char).to_digit(16).ok_or_else(fail)?;
-            out[i] = (hi * 16 + lo) as u8;
-        }
+        hex::decode_to_slice(s, &mut out).map_err(|_| fail())?;
         Ok(ObjectId(out))
     }
 }
@@ -77,13 +70,7 @@ impl<'de> Deserialize<'de> for ObjectId {
 
 /// Lowercase hex of any bytes (file hashes, fingerprint ids).
 pub fn hex(bytes: &[u8]) -> String {
-    const D: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(D[(b >> 4) as usize] as char);
-        s.push(D[(b & 15) as usize] as char);
-    }
-    s
+    hex::encode(bytes)
 }
 
 #[cfg(test)]

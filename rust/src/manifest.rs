@@ -1,5 +1,10 @@
 //! The manifest record (one saved state), fingerprint canonicalization and checks, the empty-layout rule.
-//! The prefix-key chain is `prefix.rs`.
+//!
+//! CONTRACT (docs/design.md "Manifest JSON", "Fingerprint"): a manifest's id is the blake3 of its JSON
+//! (`to_json`, which `from_json` reads back, refusing another version); `fingerprint_id` hashes the
+//! canonical JSON of the caller's fingerprint without `n_ctx_slot`; `check_expect` passes only if every key on
+//! both sides is equal (`layout` against the manifest's own; `n_ctx_slot` must hold the state's tokens);
+//! `layout_is_empty` is the one empty-slot rule. The prefix-key chain is `prefix_keys.rs`.
 
 use std::collections::BTreeMap;
 

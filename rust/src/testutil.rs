@@ -1,27 +1,22 @@
 //! Helpers shared by the unit tests (compiled only for `cargo test`): temp dirs, sample bytes, fingerprints,
 //! synthetic decomposed states, a small store.
+//!
+//! CONTRACT: test code only; a `TempDir` is gone when dropped; `synthetic` states share their parent's
+//! blocks below the fork, as real ones do.
 
-use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::format::{Block, Decomposed};
 use crate::manifest::Fingerprint;
-use crate::objects::atomic::random_suffix;
 use crate::store::{IngestReport, Store};
 
-/// A fresh directory under the system temp dir, removed on drop.
-pub struct TempDir(pub PathBuf);
+/// A fresh directory under the system temp dir (`tempfile`), removed on drop; `.0` is its path.
+pub struct TempDir(pub PathBuf, #[allow(dead_code)] tempfile::TempDir);
 impl TempDir {
     pub fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("kvstore-test-{tag}-{}", random_suffix()));
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+        let d = tempfile::Builder::new().prefix(&format!("kvstore-test-{tag}-")).tempdir().unwrap();
+        TempDir(d.path().to_path_buf(), d)
     }
 }
 
@@ -59,4 +54,35 @@ pub fn put_synthetic(s: &Store, name: &str, ns: &str, tokens: &[i32], f: &Finger
 /// A store in `d` with block size `b`, zstd level 1 and a 64 MiB map.
 pub fn open(d: &TempDir, b: u32) -> Store {
     Store::open(&d.0, b, 1, 1 << 26).unwrap()
+}
+
+/// `$KVSTORE_STATE_DIR`, the directory of real slot files (tests/make_states.py) that the tests marked
+/// `#[ignore = "needs real slot files: ./dev test"]` read. Unset is a failure, never a silent pass.
+pub fn state_dir() -> PathBuf {
+    match std::env::var_os("KVSTORE_STATE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => panic!(
+            "KVSTORE_STATE_DIR is unset: this test reads real slot files (tests/make_states.py); run it through \
+             ./dev test, or set KVSTORE_STATE_DIR to a directory of them"
+        ),
+    }
+}
+
+/// Every `*.bin` in the state directory, sorted; none is a failure.
+pub fn state_files() -> Vec<PathBuf> {
+    let dir = state_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("KVSTORE_STATE_DIR={}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "KVSTORE_STATE_DIR={} holds no *.bin files", dir.display());
+    files
+}
+
+/// One real slot file of the state directory, by name.
+pub fn state_file(name: &str) -> Vec<u8> {
+    let p: &Path = &state_dir().join(name);
+    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }

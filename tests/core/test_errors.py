@@ -2,6 +2,7 @@
 carries its context as attributes; the empty-slot rule and the default block size come from the core too."""
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -11,14 +12,55 @@ import kvstore.errors
 from kvstore import _core
 
 
+STUB = Path(__file__).resolve().parents[2] / "kvstore" / "_core.pyi"
+
+
+def core_exceptions() -> set[str]:
+    """The one exception list: the classes the compiled core defines (rust/src/py/errors.rs)."""
+    return {n for n, v in vars(_core).items() if isinstance(v, type) and issubclass(v, BaseException)}
+
+
+def stub_exceptions(text: str) -> set[str]:
+    """The exception classes `_core.pyi` declares (classes deriving, through others, from Exception)."""
+    classes = {c.name: [b.id for b in c.bases if isinstance(b, ast.Name)]
+               for c in ast.parse(text).body if isinstance(c, ast.ClassDef)}
+
+    def is_exception(name: str) -> bool:
+        return any(b in ("Exception", "BaseException") or (b in classes and is_exception(b)) for b in classes[name])
+    return {n for n in classes if is_exception(n)}
+
+
+def reexported(module, core: set[str]) -> set[str]:
+    """The core's exceptions a Python module hands on: in its `__all__` and the very class of the core."""
+    return {n for n in module.__all__ if getattr(module, n) is getattr(_core, n, None) and n in core}
+
+
 def test_one_hierarchy_defined_by_the_core():
-    for name in ["KvStoreError", "FormatError", "CorruptObject", "FingerprintMismatch", "NameNotFound",
-                 "InvalidName", "StoreFull"]:
+    core = core_exceptions()
+    assert {"KvStoreError", "FormatError", "NameNotFound", "RemoteUnavailable", "GcLocked"} <= core, core
+    for name in core:
         cls = getattr(_core, name)
         assert getattr(kvstore.errors, name) is cls and getattr(kvstore, name) is cls
         assert cls.__module__ == "kvstore._core"
+        assert issubclass(cls, kvstore.KvStoreError)
     assert issubclass(kvstore.NameNotFound, KeyError) and issubclass(kvstore.InvalidName, ValueError)
     assert issubclass(kvstore.StoreFull, OSError) and issubclass(kvstore.ServerError, kvstore.KvStoreError)
+
+
+def test_the_exception_list_is_the_same_in_every_file():
+    """py/errors.rs defines the classes; _core.pyi, kvstore/errors.py and kvstore/__init__.py must name exactly
+    those (a class added in Rust and forgotten in one of them, or left there after removal, fails here)."""
+    core = core_exceptions()
+    text = STUB.read_text()
+    assert stub_exceptions(text) == core
+    stub_all = next(n.value for n in ast.parse(text).body
+                    if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__")
+    assert core <= set(ast.literal_eval(stub_all))
+    assert reexported(kvstore.errors, core) == core
+    assert reexported(kvstore, core) == core
+    # The check can fail: a stub that forgets one class differs.
+    forgot = text.replace("class GcLocked(KvStoreError):", "class GcLockedRenamed(KvStoreError):")
+    assert forgot != text and stub_exceptions(forgot) != core
 
 
 def test_name_errors_carry_name_and_namespace(store, tmp_path):

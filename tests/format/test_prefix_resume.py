@@ -5,7 +5,7 @@ For each cut the test restores the emitted file into slot 1 of server A, sends t
 and checks `timings.prompt_n` = only the new tokens. A second server R evaluates the same tokens itself (from
 scratch, or for a cut inside the reply by generating that reply itself and going on from its live slot); the
 greedy tokens and the top-5 log-probabilities of every generated token must be equal bit for bit. That holds
-because the cut keeps R's physical cell layout (`fill_masked`, format/prefix.rs "Cell layout"). Without it the
+because the cut keeps R's physical cell layout (`fill_masked`, format/cut.rs "Cell layout"). Without it the
 window sits at other cell indices and some CPU kernels sum in another order: one case checks that tokens still
 agree and probabilities stay within TOL (llama-server's own cache path differs from R by more; docs/design.md
 "Prefix states").

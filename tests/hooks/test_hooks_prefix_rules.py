@@ -2,7 +2,6 @@
 test_hooks_swa_prefix.py, test_hooks_articles.py and test_prefix_resume.py)."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 from kvstore.hooks.cut import Candidate, applies, best, cut_point
 

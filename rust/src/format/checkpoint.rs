@@ -16,12 +16,12 @@
 //! The rows in the blob are the window `[P - n_swa, P)`, which is all the attention at position P reads.
 
 use super::model::{VLayout, TOKEN_NULL};
-use super::parse::SCKP_MAGIC;
+use super::head::{SCKP_MAGIC, SCKP_VERSION};
 use super::reader::PutLe;
 use super::rows::SecRows;
 
 /// One cell of an output section: the row at `pos` of `src`, or (`None`) a zero row for a position that every
-/// later query masks (it only keeps the window's cells where a fresh evaluation keeps them, see `prefix.rs`).
+/// later query masks (it only keeps the window's cells where a fresh evaluation keeps them, see `cut.rs`).
 #[derive(Clone, Copy)]
 pub(crate) struct Pick<'r, 'a> {
     pub pos: i32,
@@ -127,7 +127,7 @@ pub(crate) struct CutCheckpoint<'r, 'a> {
 
 pub(crate) fn write_cut_appendix(out: &mut Vec<u8>, ck: &CutCheckpoint<'_, '_>) {
     out.put_u32(SCKP_MAGIC);
-    out.put_u32(super::parse::SCKP_VERSION);
+    out.put_u32(SCKP_VERSION);
     out.put_u32(1);
     let (pos_min, pos_max) = cut_range(ck.n_tokens as i32, ck.window_start);
     out.put_i64(i64::from(ck.n_tokens));

@@ -1,6 +1,6 @@
 //! Moving K/V rows between the file layout and the block layout.
 //!
-//! A block of `n` cells is `for each layer: K rows (n x k_row), V rows (n x v_row)`, cells sorted by position,
+//! CONTRACT: a block of `n` cells is `for each layer: K rows (n x k_row), V rows (n x v_row)`, cells sorted by position,
 //! V always cell-major. `cut` builds blocks from a parsed file, `emit_file` writes a file from a decoded
 //! skeleton plus blocks. Both walk the plan's runs, so contiguous cells move with one `copy_from_slice`;
 //! only transposed V needs a strided gather/scatter, done one element column at a time over a run.
@@ -139,7 +139,7 @@ impl Emitter<'_, '_> {
             self.recurrent(rc, out);
         }
         if let Some(a) = &f.appendix {
-            out.put_u32(super::parse::SCKP_MAGIC);
+            out.put_u32(super::SCKP_MAGIC);
             out.put_u32(a.version);
             out.put_u32(a.checkpoints.len() as u32);
             for c in &a.checkpoints {

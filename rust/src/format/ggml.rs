@@ -68,7 +68,7 @@ pub(crate) fn check_rows(code: i32, row: u64, offset: u64, what: [&'static str; 
     if blck == 0 {
         return Ok(0);
     }
-    if row == 0 || row % size != 0 {
+    if row == 0 || !row.is_multiple_of(size) {
         let detail = format!("a row is a positive multiple of {size} bytes ({blck} elements per block)");
         return Err(mismatch(offset + 4, what[1], name, row, detail));
     }

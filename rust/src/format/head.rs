@@ -1,4 +1,4 @@
-//! The first 12 bytes of a slot file, checked before the rest is read from disk.
+//! The magic words of a slot file, and its first 12 bytes, checked before the rest is read from disk.
 //!
 //! CONTRACT: `check_head(head, file_len)` passes only if `head` holds the magic, version 4 and a token word
 //! count whose words fit in `file_len`; it reports the same errors as the full parse. A reader calls it
@@ -6,7 +6,17 @@
 //! 12 bytes of reading however large it is. Passing it says nothing about the rest of the file.
 
 use super::reader::Reader;
-use super::{FormatError, MAGIC, VERSION};
+use super::FormatError;
+
+/// "qsgg" on disk.
+pub const MAGIC: u32 = 0x6767_7371;
+/// The only version the llama.cpp loader accepts (`LLAMA_STATE_SEQ_VERSION`).
+pub const VERSION: u32 = 4;
+/// "SCKP": llama-server's context-checkpoint appendix.
+pub const SCKP_MAGIC: u32 = 0x504B_4353;
+pub(crate) const SCKP_VERSION: u32 = 1;
+/// Prefix of `llama_state_seq_get_data` buffers (checkpoint blobs).
+pub(crate) const IO_MAGIC: u32 = 0xAF14_3CD8;
 
 /// Bytes of the head: u32 magic, u32 version, u32 n_token_words.
 pub const HEAD_LEN: usize = 12;

@@ -1,6 +1,6 @@
 //! The canonical layout string of a file's sections (what a server must match to restore it).
 //!
-//! One entry per body section, joined by `+`, the recurrent section last (`rec[...]`, see `recurrent.rs`):
+//! CONTRACT: one entry per body section, joined by `+`, the recurrent section last (`rec[...]`, see `recurrent.rs`):
 //! * `kv[-]`: a section with no cells (an empty slot writes only `n_stream` and zero counts, so nothing else
 //!   about the cache is known). An empty slot file is therefore `kv[-]` (one section) or `kv[-]+kv[-]` (iSWA).
 //! * `kv[<n_layer>:<layers>;vt<v_trans>;rot<n_rot_k>,<n_rot_v>;ext<0|1>]` where `<layers>` lists each layer as

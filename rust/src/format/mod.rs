@@ -5,14 +5,16 @@
 //! order. A recurrent section (recurrent and hybrid models) has no positions: its state is one whole block.
 //! This module knows nothing about objects, hashes or LMDB.
 //!
-//! Modules: `reader` (bounds-checked cursor), `model` (the parsed structure), `parse` (file -> structure),
+//! Modules: `head` (the magic words, the 12-byte head check), `reader` (bounds-checked cursor), `model` (the
+//! parsed structure), `parse` (file -> structure),
 //! `plan` (cells -> blocks by position), `emit` (rows between file and block layout), `recurrent` (the
 //! recurrent section, documented there), `skeleton` (the
 //! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there),
 //! `rows` (row access to a decomposed state), `checkpoint` (sections from chosen rows, the cut checkpoint),
-//! `prefix` (a slot file for the first P tokens of a state).
+//! `cut` (a slot file for the first P tokens of a state: a cut).
 
 mod checkpoint;
+mod cut;
 mod emit;
 mod ggml;
 mod head;
@@ -20,13 +22,12 @@ mod layout;
 mod model;
 mod parse;
 mod plan;
-mod prefix;
 mod reader;
 mod recurrent;
 mod rows;
 mod skeleton;
 #[cfg(test)]
-mod prefix_tests;
+mod cut_tests;
 #[cfg(test)]
 mod recurrent_tests;
 #[cfg(test)]
@@ -34,22 +35,18 @@ mod tests;
 
 pub use head::{check_head, HEAD_LEN};
 use model::{SlotFile, Unit};
-pub use prefix::{emit_prefix, Prefix, PrefixSpec, RowOrigin, StateRef};
+pub use cut::{emit_prefix, Prefix, PrefixSpec, RowOrigin, StateRef};
 use plan::UnitPlan;
 
 /// First bytes of every skeleton (`b"KVSK"`), followed by a u32 skeleton version.
 pub const SKELETON_MAGIC: [u8; 4] = skeleton::SKELETON_MAGIC;
 /// The skeleton encoding this build writes and reads.
 pub const SKELETON_VERSION: u32 = skeleton::SKELETON_VERSION;
-/// Magic of llama-server's context-checkpoint appendix ("SCKP").
-pub const SCKP_MAGIC: u32 = parse::SCKP_MAGIC;
 /// Largest `n_stream` accepted in a file, a skeleton or `EmitOptions` (llama.cpp's own limit on sequences is far lower).
 pub const MAX_EMIT_STREAMS: u32 = 65_536;
 
-/// "qsgg" on disk.
-pub const MAGIC: u32 = 0x6767_7371;
-/// The only version the llama.cpp loader accepts (`LLAMA_STATE_SEQ_VERSION`).
-pub const VERSION: u32 = 4;
+/// The file's magic words ("qsgg", version 4, the "SCKP" checkpoint appendix): `head.rs`.
+pub use head::{MAGIC, SCKP_MAGIC, VERSION};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {

@@ -1,6 +1,6 @@
 //! The in-memory structure of a slot file, shared by the parser, the skeleton codec and the emitter.
 //!
-//! Slices borrow either from the file (after `parse`) or from the skeleton (after `skeleton::decode`);
+//! CONTRACT: slices borrow either from the file (after `parse`) or from the skeleton (after `skeleton::decode`);
 //! in the latter case the K/V payload is absent and comes from the blocks instead.
 
 use super::reader::Reader;

@@ -1,6 +1,6 @@
 //! Slot file bytes -> [`SlotFile`] (structure plus borrowed payload slices). No copying of K/V data.
 //!
-//! The file does not say which memory module wrote it, so sections are parsed greedily: after a section the
+//! CONTRACT: the file does not say which memory module wrote it, so sections are parsed greedily: after a section the
 //! rest is empty, starts with the `SCKP` appendix magic, is all zero bytes (padding the server ignores), or
 //! must be another section: a recurrent one if it reads as one up to that end (see `recurrent.rs`), else KV.
 //! Whether metadata entries carry the 12-byte cell ext is not flagged either; the whole file is parsed without
@@ -9,13 +9,9 @@
 use super::ggml::{check_rot, check_rows, check_trans};
 use super::model::*;
 use super::reader::Reader;
+use super::head::{IO_MAGIC, SCKP_MAGIC, SCKP_VERSION};
 use super::FormatError;
 
-/// "SCKP": llama-server's context-checkpoint appendix.
-pub(crate) const SCKP_MAGIC: u32 = 0x504B_4353;
-pub(crate) const SCKP_VERSION: u32 = 1;
-/// Prefix of `llama_state_seq_get_data` buffers (checkpoint blobs).
-pub(crate) const IO_MAGIC: u32 = 0xAF14_3CD8;
 
 pub(crate) fn parse_file(buf: &[u8]) -> Result<SlotFile<'_>, FormatError> {
     // Magic, version and a token count that fits the file: the same check the file reader makes at the door.

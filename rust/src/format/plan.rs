@@ -1,6 +1,8 @@
-//! Where each cell of a KV section goes: block `k` holds the cells with `pos` in `[k*B, (k+1)*B)`, sorted by
-//! position. The mapping is expressed as runs of consecutive file cells that land on consecutive rows of one
-//! block, so both directions (cut and emit) copy whole runs at once.
+//! Where each cell of a KV section goes, as runs of cells that move together.
+//!
+//! CONTRACT: block `k` holds the cells with `pos` in `[k*B, (k+1)*B)`, sorted by position. The mapping is
+//! expressed as runs of consecutive file cells that land on consecutive rows of one block, so both directions
+//! (cut and emit) copy whole runs at once.
 
 /// `len` file cells starting at file index `file` are rows `row..row+len` of block `block` (section-local).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

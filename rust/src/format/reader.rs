@@ -1,6 +1,6 @@
 //! A bounds-checked little-endian cursor over a byte slice.
 //!
-//! Every read either succeeds or returns [`FormatError::Truncated`] naming the absolute offset and the field.
+//! CONTRACT: every read either succeeds or returns [`FormatError::Truncated`] naming the absolute offset and the field.
 //! Sizes are `u64` (they come from the file) and are compared with the bytes left before anything is sliced,
 //! so absurd lengths fail fast and never allocate.
 

@@ -1,6 +1,6 @@
 //! The recurrent section (`llama_memory_recurrent::state_write`): parse, skeleton codec, block and re-emit.
 //!
-//! File layout (llama.cpp b11434 `llama-memory-recurrent.cpp`, verified on LFM2 and Mamba-2 slot files):
+//! CONTRACT: file layout (llama.cpp b11434 `llama-memory-recurrent.cpp`, verified on LFM2 and Mamba-2 slot files):
 //! ```text
 //! u32 cell_count                         a slot owns one cell (its current state), 0 when empty
 //! cell_count x { i32 pos, u32 n_seq_id, i32 seq_id[n_seq_id] }   (n_seq_id is 0 in a slot save)
@@ -131,7 +131,7 @@ fn parse<'a>(r: &mut Reader<'a>) -> Result<Recurrent<'a>, FormatError> {
     let mut entries = Vec::new();
     let mut payload = Vec::new();
     let max = 2 * u64::from(n_layer);
-    while !r.is_empty() && r.peek_u32() != Some(super::parse::SCKP_MAGIC) && (entries.len() as u64) < max {
+    while !r.is_empty() && r.peek_u32() != Some(super::head::SCKP_MAGIC) && (entries.len() as u64) < max {
         let ty = r.i32("recurrent state type")?;
         if !(0..=MAX_GGML_TYPE).contains(&ty) {
             return Err(r.invalid(4, "recurrent state type", format!("{ty} is no ggml type")));

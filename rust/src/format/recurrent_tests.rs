@@ -1,4 +1,7 @@
-//! Unit tests of the recurrent section codec on hand-made sections (real files: tests/test_recurrent.py).
+//! Unit tests of the recurrent section codec on hand-made sections.
+//!
+//! CONTRACT: test code only; real recurrent and hybrid slot files are tested from Python
+//! (tests/format/test_recurrent.py).
 
 use super::reader::{PutLe, Reader};
 use super::recurrent::*;
@@ -94,7 +97,7 @@ fn whole_file(n: u32, hybrid: bool, fill: u8) -> Vec<u8> {
     }
     put_rec(&mut b, n as i32 - 1, fill);
     let mut blob = Vec::new();
-    blob.put_u32(super::parse::IO_MAGIC);
+    blob.put_u32(super::head::IO_MAGIC);
     blob.put_i32(0);
     put_rec(&mut blob, n as i32 - 5, fill ^ 0x55);
     [super::SCKP_MAGIC, 1, 1].iter().for_each(|&w| b.put_u32(w));

@@ -4,7 +4,7 @@
 //! `recompose` does, then indexes every KV section that has cells: body sections in file order, and the
 //! sections of each parsed checkpoint blob. `SecRows::meta(pos)`, `k(layer, pos)` and `v(layer, pos)`
 //! return borrowed bytes (V always cell-major, the block layout) for a position the section holds.
-//! Nothing here decides which rows belong in a new file; `prefix.rs` does.
+//! Nothing here decides which rows belong in a new file; `cut.rs` does.
 
 use std::collections::HashMap;
 

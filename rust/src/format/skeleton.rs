@@ -1,6 +1,6 @@
 //! The skeleton: everything of a slot file except the K/V rows, as a small versioned binary.
 //!
-//! Encoding (little-endian), version 1, or 2 when the file has a recurrent section (`[v2: ...]` below):
+//! CONTRACT: encoding (little-endian), version 1, or 2 when the file has a recurrent section (`[v2: ...]` below):
 //! ```text
 //! b"KVSK"  u32 skeleton_version  u32 block_size  u32 n_blocks
 //! u32 n_token_words  i32 token_words[n]                  -- verbatim from the file

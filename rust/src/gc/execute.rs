@@ -1,21 +1,35 @@
-//! Execute a plan under the exclusive lock: re-mark, re-check, delete objects, then drop index rows through
-//! the index's own methods, then stale temp files.
+//! Execute a plan under the catalog's gc lock: (re-mark, re-check,) delete objects, then drop index rows
+//! through the index's own methods, then stale temp files.
+//!
+//! CONTRACT: nothing marked live, and (when re-checking a plan made without the lock) nothing whose mtime is
+//! now within the grace period, is deleted; the index keeps no row of a dead manifest (nor its prefix keys)
+//! or of a deleted or absent unmarked object. The lock is held until the sweep is done.
 
 use std::collections::HashSet;
-use std::time::SystemTime;
 
 use super::plan::{mark, GcPlan};
 use super::GcReport;
+use crate::catalog::GcLock;
 use crate::error::Result;
 use crate::id::ObjectId;
 use crate::store::Store;
 
-/// Carry out a plan under the exclusive lock. What became live or young since the plan is kept.
+/// Carry out a plan made earlier (without the lock): take the gc lock, re-mark, re-check, sweep. What
+/// became live or young since the plan is kept.
 pub fn execute(store: &Store, plan: GcPlan) -> Result<GcReport> {
+    let lock = store.catalog().lock_gc()?;
+    sweep(store, plan, lock, true)
+}
+
+/// Delete what `plan` found dead, under `lock`. `recheck`: the plan was made without the lock, so mark again
+/// and re-read each planned object's mtime against the lock's clock.
+pub(super) fn sweep(store: &Store, mut plan: GcPlan, lock: GcLock, recheck: bool) -> Result<GcReport> {
     let backend = store.objects().backend();
-    let cutoff = SystemTime::now().checked_sub(plan.grace).unwrap_or(SystemTime::UNIX_EPOCH);
-    let _lock = store.lock_exclusive()?;
-    let marks = mark(store)?;
+    let cutoff = lock.now.checked_sub(plan.grace).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    if recheck {
+        plan.marks = mark(store)?;
+    }
+    let marks = &plan.marks;
     let mut report = GcReport {
         live_objects: marks.objects.len(),
         dead_objects: 0,
@@ -25,20 +39,28 @@ pub fn execute(store: &Store, plan: GcPlan) -> Result<GcReport> {
         dead_manifests: 0,
         dry_run: false,
     };
-    let mut deleted: HashSet<ObjectId> = HashSet::new();
-    for (id, _) in plan.dead_objects {
+    let mut doomed: Vec<ObjectId> = Vec::new();
+    for &(id, len) in &plan.dead_objects {
         if marks.objects.contains(&id) {
             continue;
         }
-        let Some((mtime, _)) = backend.mtime(&id)? else { continue };
-        if mtime >= cutoff {
-            report.kept_young += 1;
-            continue;
-        }
-        report.freed_bytes += backend.delete(&id)?;
-        report.dead_objects += 1;
-        deleted.insert(id);
+        let len = match recheck {
+            false => len,
+            true => match backend.mtime(&id)? {
+                None => continue,
+                Some((mtime, _)) if mtime >= cutoff => {
+                    report.kept_young += 1;
+                    continue;
+                }
+                Some((_, len)) => len,
+            },
+        };
+        report.freed_bytes += len;
+        doomed.push(id);
     }
+    backend.delete_many(&doomed)?;
+    report.dead_objects = doomed.len();
+    let deleted: HashSet<ObjectId> = doomed.into_iter().collect();
 
     let ix = store.index();
     let mut w = ix.write_txn()?;
@@ -54,6 +76,6 @@ pub fn execute(store: &Store, plan: GcPlan) -> Result<GcReport> {
     ix.drop_object_rows(&mut w, &dead_rows)?;
     w.commit().map_err(|e| ix.err(e))?;
     report.removed_temp = backend.clean_temp(plan.grace)?;
+    drop(lock);
     Ok(report)
 }
-

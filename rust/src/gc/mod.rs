@@ -1,12 +1,16 @@
-//! Garbage collection in two steps (restic's PlanPrune / Execute): `plan` marks and lists what would go,
-//! changing nothing (a dry run is a plan, printed); `execute` deletes it.
+//! Garbage collection in two steps (restic's PlanPrune / Execute), on the two seams (the catalog's locks and
+//! sync, the backend's listing and deletes), one implementation for every store: `plan` marks and lists
+//! what would go, changing nothing (a dry run is a plan, printed); `execute` deletes it.
 //!
-//! Live = manifests referenced by names, plus their skeleton and blocks. `plan` (no lock) marks in one read
-//! transaction and lists unreachable objects past the grace period; it refuses to go on if a live manifest is
-//! unreadable (its blocks are unknown). `execute` takes the exclusive flock on `<store>/lock` (so no ingest is
-//! between its first object write and its commit), re-marks, re-checks each planned object's mtime (an
-//! ingest that reused an object refreshed it) and deletes; then drops, through the index's own methods, the
-//! rows of dead manifests (with their prefix keys) and of deleted objects, and stale temp files.
+//! CONTRACT: live = manifests referenced by names (and manifests a lost race displaced), plus their
+//! skeleton and blocks. `plan` marks in one read transaction and lists unreachable objects past the grace
+//! period; it refuses to go on if a live manifest is unreadable (its blocks are unknown). `gc` takes the
+//! catalog's gc lock (no save is between its first object write and its commit; a catalog elsewhere also
+//! tells every machine's next save to re-check its cache), syncs every name, plans against the lock's
+//! clock, and sweeps: deletes the planned objects, then drops, through the index's own methods, the rows of
+//! dead manifests (with their prefix keys) and of deleted or absent unmarked objects, and stale temp files.
+//! `execute` of a plan made earlier without the lock takes the lock, re-marks and re-checks each planned
+//! object's mtime (an ingest that reused an object refreshed it) before it sweeps. A dry run takes no lock.
 
 use std::time::Duration;
 
@@ -19,7 +23,6 @@ mod execute;
 mod plan;
 
 pub use execute::execute;
-pub(crate) use plan::mark;
 pub use plan::{plan, GcPlan};
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -38,17 +41,17 @@ pub struct GcReport {
     pub dry_run: bool,
 }
 
-/// `plan`, then (unless `dry_run`) `execute`. A bucket store's gc is `crate::remote::gc`.
+/// A dry run: sync, then `plan`. Else: the gc lock, sync, a plan under it, and the sweep.
 pub fn gc(store: &Store, grace: Duration, dry_run: bool) -> Result<GcReport> {
-    if let Some(remote) = store.remote() {
-        return crate::remote::gc::gc(store, remote, grace, dry_run);
-    }
-    let plan = plan(store, grace)?;
+    let catalog = store.catalog();
     if dry_run {
-        Ok(plan.report())
-    } else {
-        execute(store, plan)
+        catalog.sync(None)?;
+        return Ok(plan(store, grace)?.report());
     }
+    let lock = catalog.lock_gc()?;
+    catalog.sync(None)?;
+    let plan = plan::plan_at(store, grace, lock.now)?;
+    execute::sweep(store, plan, lock, false)
 }
 
 #[cfg(test)]

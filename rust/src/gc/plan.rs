@@ -1,4 +1,8 @@
 //! The plan: mark live objects in one read transaction, list what is unreachable. Changes nothing.
+//!
+//! CONTRACT: `mark` is the one marking (names, their manifests, displaced manifests; refuses on an unreadable
+//! live manifest); `plan_at(now)` lists the backend once (`list_stamped`) and splits the unmarked objects
+//! into dead (older than `now - grace`) and young; `plan` is `plan_at` the local clock.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -11,6 +15,7 @@ use crate::store::Store;
 /// What a gc would do, computed without changing anything.
 #[derive(Debug, Clone)]
 pub struct GcPlan {
+    pub(super) marks: Marks,
     pub grace: Duration,
     pub live_objects: usize,
     /// Unreachable objects past the grace period, with their stored bytes.
@@ -37,12 +42,13 @@ impl GcPlan {
     }
 }
 
-pub(crate) struct Marks {
-    pub(crate) objects: HashSet<ObjectId>,
-    pub(crate) manifests: HashSet<ObjectId>,
+#[derive(Debug, Clone)]
+pub(super) struct Marks {
+    pub(super) objects: HashSet<ObjectId>,
+    pub(super) manifests: HashSet<ObjectId>,
 }
 
-pub(crate) fn mark(store: &Store) -> Result<Marks> {
+pub(super) fn mark(store: &Store) -> Result<Marks> {
     let r = store.index().read_txn()?;
     let (names, manifests, unreadable) = store.live_set(&r)?;
     if let Some(id) = unreadable.first() {
@@ -67,30 +73,35 @@ pub(crate) fn mark(store: &Store) -> Result<Marks> {
 
 /// Mark, and list what is unreachable: objects past the grace period, manifest rows, temp files.
 pub fn plan(store: &Store, grace: Duration) -> Result<GcPlan> {
+    plan_at(store, grace, SystemTime::now())
+}
+
+/// `plan` with the grace period measured back from `now` (the gc lock's clock).
+pub(super) fn plan_at(store: &Store, grace: Duration, now: SystemTime) -> Result<GcPlan> {
     let backend = store.objects().backend();
-    let cutoff = SystemTime::now().checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
+    let cutoff = now.checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
     let marks = mark(store)?;
     let mut plan = GcPlan {
-        grace,
         live_objects: marks.objects.len(),
+        marks,
+        grace,
         dead_objects: Vec::new(),
         kept_young: 0,
         dead_manifests: Vec::new(),
         stale_temp: backend.stale_temp(grace)?,
     };
-    for id in backend.list()? {
-        if marks.objects.contains(&id) {
+    for (id, mtime, len) in backend.list_stamped()? {
+        if plan.marks.objects.contains(&id) {
             continue;
         }
-        match backend.mtime(&id)? {
-            Some((mtime, _)) if mtime >= cutoff => plan.kept_young += 1,
-            Some((_, len)) => plan.dead_objects.push((id, len)),
-            None => {} // deleted meanwhile
+        if mtime >= cutoff {
+            plan.kept_young += 1;
+        } else {
+            plan.dead_objects.push((id, len));
         }
     }
     let ix = store.index();
     let r = ix.read_txn()?;
-    plan.dead_manifests = ix.manifest_ids(&r)?.into_iter().filter(|id| !marks.manifests.contains(id)).collect();
+    plan.dead_manifests = ix.manifest_ids(&r)?.into_iter().filter(|id| !plan.marks.manifests.contains(id)).collect();
     Ok(plan)
 }
-

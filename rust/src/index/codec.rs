@@ -1,7 +1,9 @@
-//! Typed heed codecs, one per key or value shape of the index tables; the only code that lays out index
-//! bytes. Keys: `IdCodec` (32-byte ids), `NameKeyCodec` (`namespace \0 name`), `PrefixKeyCodec` (32-byte
-//! prefix key ‖ manifest id). Range codecs encode a key's leading part (a namespace, a prefix key) and decode
-//! whole keys, so `prefix_iter` over them stays typed. Values: `ObjectRowCodec` (u64be raw ‖ u64be stored).
+//! Typed heed codecs, one per key or value shape of the index tables.
+//!
+//! CONTRACT: the only code that lays out index bytes. Keys: `IdCodec` (32-byte ids), `NameKeyCodec`
+//! (`namespace \0 name`), `PrefixKeyCodec` (32-byte prefix key ‖ manifest id). Range codecs encode a key's
+//! leading part (a namespace, a prefix key) and decode whole keys, so `prefix_iter` over them stays typed.
+//! Values: `ObjectRowCodec` (u64be raw ‖ u64be stored). A key that does not decode is `IndexError::Corrupt`.
 
 use std::borrow::Cow;
 

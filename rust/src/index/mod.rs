@@ -1,5 +1,6 @@
 //! The LMDB index (heed): one `Index` owns the `Env` and every typed table (docs/design.md "LMDB").
-//! Contract: the index is a cache of what the manifests say (`kvstore reindex` could rebuild it); keys and
+//!
+//! CONTRACT: the index is a cache of what the manifests say (`kvstore reindex` could rebuild it); keys and
 //! values are laid out only by the codecs in `codec.rs`; callers read and edit through the typed tables and
 //! the methods in `tables.rs`, never through raw bytes. Naming rules: `names.rs`.
 

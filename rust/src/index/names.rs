@@ -1,4 +1,8 @@
 //! Naming rules: names and namespaces are data, never paths.
+//!
+//! CONTRACT: `validate_name` accepts a name of 1..=200 bytes and a namespace of 0..=200 bytes (UTF-8) with no
+//! control character, '/', '\\', "..", or surrounding whitespace; anything else is `IndexError::InvalidName`
+//! saying which rule it breaks (the value shown escaped and cut to 40 characters).
 
 use super::IndexError;
 

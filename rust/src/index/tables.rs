@@ -1,6 +1,9 @@
 //! Typed reads and edits over the index tables that take more than one `get`/`put`: name rows of a
-//! namespace, manifests at a prefix key, and the edits gc makes (dropping dead manifests with their prefix
-//! keys, dropping object rows). Callers never see key bytes.
+//! namespace, manifests at a prefix key, the one writer of prefix rows, and the edits gc makes (dropping
+//! dead manifests with their prefix keys, dropping object rows).
+//!
+//! CONTRACT: callers never see key bytes; every prefix row is written by `put_prefixes` (an ingest's and a
+//! sync's rows are the same rows: `h(k) ‖ manifest → tokens covered`, k = 1..floor(n/B)).
 
 use std::collections::HashSet;
 
@@ -9,6 +12,7 @@ use heed::{RoTxn, RwTxn};
 use super::codec::{NamespaceRange, PrefixRange};
 use super::{HeedExt, Index, IndexError, NameRecord};
 use crate::id::ObjectId;
+use crate::prefix_keys::prefix_chain;
 
 /// A `names` row: (namespace, name, record).
 pub type NameRow = (String, String, NameRecord);
@@ -42,6 +46,24 @@ impl Index {
             out.push(manifest);
         }
         Ok(out)
+    }
+
+    /// The prefix rows of `manifest` (tokens `tokens`, of fingerprint id `fingerprint_id`) in `namespace`:
+    /// one row per full block of the prefix-key chain, valued by the tokens it covers.
+    pub fn put_prefixes(
+        &self,
+        w: &mut RwTxn<'_>,
+        namespace: &str,
+        fingerprint_id: &[u8; 32],
+        tokens: &[i32],
+        block_size: u32,
+        manifest: ObjectId,
+    ) -> Result<(), IndexError> {
+        for (k, h) in prefix_chain(namespace, fingerprint_id, tokens, block_size).iter().enumerate() {
+            let covered = ((k as u64 + 1) * block_size as u64).min(u32::MAX as u64) as u32;
+            self.prefixes.put(w, &(*h, manifest), &covered).ix(self)?;
+        }
+        Ok(())
     }
 
     /// Every manifest id with a row.

@@ -1,85 +1,97 @@
 //! Atomic file writes, the one home for them (objects and materialized slot files): a temp file beside the
-//! target, fsync, rename, fsync the directory; any failure removes the temp file, so readers see all of a
-//! file or nothing. `durable = false` skips the fsyncs (a materialized file that is consumed at once, a cache).
-//! `touch_now` refreshes a file's mtime (the time gc's grace period counts from).
+//! target (the `tempfile` crate: created exclusively, removed when dropped unless renamed), fsync, rename,
+//! fsync the directory.
+//!
+//! CONTRACT: any failure removes the temp file, so readers see all of a file or nothing; `durable = false`
+//! skips the fsyncs (a materialized file that is consumed at once, a cache). Files get the mode a plain
+//! `File::create` gives (0o666 less the umask). `touch_now` refreshes a file's mtime (the time gc's grace
+//! period counts from); `unique_suffix` is the random part of names that must not collide (not temp files:
+//! quarantined copies, lock keys).
 
-use std::fs::{self, File};
+use std::fs::{File, Permissions};
 use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::SystemTime;
+
+use tempfile::TempPath;
 
 use super::ObjectError;
-use crate::id::hex;
 
 /// I/O threads of a batched write: fsyncs block, so more threads than cores keep the disk queue full.
 const WRITE_THREADS: usize = 8;
 
-/// A unique-enough random suffix for temp files (no extra crate: pid, time, counter, thread through blake3).
-pub fn random_suffix() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = blake3::Hasher::new();
-    h.update(&std::process::id().to_le_bytes());
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    h.update(&now.as_nanos().to_le_bytes());
-    h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    h.update(format!("{:?}", std::thread::current().id()).as_bytes());
-    hex(&h.finalize().as_bytes()[..8])
+/// How a temp file beside its target is named: `<prefix><random><suffix>`.
+#[derive(Debug, Clone, Copy)]
+pub struct TempName {
+    pub prefix: &'static str,
+    pub suffix: &'static str,
+}
+
+/// Temp files beside objects (`.tmp-*`, removed by gc once older than the grace period).
+pub const OBJECT_TEMP: TempName = TempName { prefix: super::TEMP_PREFIX, suffix: "" };
+/// Temp files beside materialized slot files (`.*.tmp`).
+pub const FILE_TEMP: TempName = TempName { prefix: ".", suffix: ".tmp" };
+
+/// 64 random bits as 16 hex digits.
+pub fn unique_suffix() -> String {
+    hex::encode(fastrand::u64(..).to_be_bytes())
 }
 
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Create `tmp` (it must not exist) holding `bytes`, fsynced if `durable`.
-fn write_new(tmp: &Path, bytes: &[u8], durable: bool) -> Result<(), ObjectError> {
-    let mut f = File::options().write(true).create_new(true).open(tmp).map_err(|e| ObjectError::io(tmp, e))?;
-    f.write_all(bytes).map_err(|e| ObjectError::io(tmp, e))?;
+/// A new temp file in `dir` holding `bytes`, fsynced if `durable`; removed when the returned path drops.
+fn write_temp(dir: &Path, name: TempName, bytes: &[u8], durable: bool) -> Result<TempPath, ObjectError> {
+    let mut f = tempfile::Builder::new()
+        .prefix(name.prefix)
+        .suffix(name.suffix)
+        .rand_bytes(16)
+        .permissions(Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| ObjectError::io(dir, e))?;
+    f.write_all(bytes).map_err(|e| ObjectError::io(f.path(), e))?;
     if durable {
-        f.sync_all().map_err(|e| ObjectError::io(tmp, e))?;
+        f.as_file().sync_all().map_err(|e| ObjectError::io(f.path(), e))?;
     }
-    Ok(())
+    Ok(f.into_temp_path())
 }
 
-/// Write `bytes` to `target` atomically: temp file `temp_name` beside it, (fsync), rename, (fsync dir).
+/// Write `bytes` to `target` atomically: a temp file named by `temp` beside it, (fsync), rename, (fsync dir).
 /// `check` runs alongside the write and must pass before the rename (a materialize checks the file hash).
 pub fn atomic_write<E: From<ObjectError> + Send>(
     target: &Path,
-    temp_name: &str,
+    temp: TempName,
     bytes: &[u8],
     durable: bool,
     check: impl FnOnce() -> Result<(), E> + Send,
 ) -> Result<(), E> {
     let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(temp_name);
-    let (w, c) = rayon::join(|| write_new(&tmp, bytes, durable), check);
-    let result = w.map_err(E::from).and(c).and_then(|()| {
-        fs::rename(&tmp, target).map_err(|e| ObjectError::io(target, e))?;
-        if durable {
-            fsync_dir(dir).map_err(|e| ObjectError::io(dir, e))?;
-        }
-        Ok(())
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    let (written, checked) = rayon::join(|| write_temp(dir, temp, bytes, durable), check);
+    let tmp = written?;
+    checked?; // a failed check drops `tmp`, which removes it
+    tmp.persist(target).map_err(|e| ObjectError::io(target, e.error))?;
+    if durable {
+        fsync_dir(dir).map_err(|e| ObjectError::io(dir, e))?;
     }
-    result
+    Ok(())
 }
 
 /// Write many files atomically each, all durable when this returns Ok (their directories must exist).
 /// `make(i)` produces file i's bytes on any of a few I/O threads (so producing the next file overlaps an
-/// fsync); None skips it. Then every temp file is renamed and each touched directory fsynced once. Returns
-/// the bytes written per file; on any failure no temp file is left behind.
+/// fsync); None skips it. Then every temp file (named by `temp`) is renamed and each touched directory
+/// fsynced once. Returns the bytes written per file; on any failure no temp file is left behind.
 #[allow(clippy::type_complexity)]
 pub fn write_batch(
     targets: &[PathBuf],
-    temp_prefix: &str,
+    temp: TempName,
     make: &(dyn Fn(usize) -> Result<Option<Vec<u8>>, ObjectError> + Sync),
 ) -> Result<Vec<Option<u64>>, ObjectError> {
     let n = targets.len();
-    // (temp path, stored len) per object written.
-    let slots: Vec<Mutex<Option<(PathBuf, u64)>>> = (0..n).map(|_| Default::default()).collect();
+    // (temp file, stored len) per object written; a temp file left here is removed when dropped.
+    let slots: Vec<Mutex<Option<(TempPath, u64)>>> = (0..n).map(|_| Default::default()).collect();
     let next = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
     let first_err: Mutex<Option<ObjectError>> = Default::default();
@@ -93,10 +105,10 @@ pub fn write_batch(
                 }
                 let r = (|| {
                     let Some(enc) = make(i)? else { return Ok(()) };
-                    let tmp = targets[i].with_file_name(format!("{temp_prefix}{}", random_suffix()));
-                    // Recorded before the write so that a failure below still removes it.
-                    *slots[i].lock().unwrap() = Some((tmp.clone(), enc.len() as u64));
-                    write_new(&tmp, &enc, true)
+                    let dir = targets[i].parent().expect("an object path has a directory");
+                    let tmp = write_temp(dir, temp, &enc, true)?;
+                    *slots[i].lock().unwrap() = Some((tmp, enc.len() as u64));
+                    Ok(())
                 })();
                 if let Err(e) = r {
                     failed.store(true, Ordering::Relaxed);
@@ -106,32 +118,19 @@ pub fn write_batch(
             });
         }
     });
-    let slots: Vec<Option<(PathBuf, u64)>> = slots.into_iter().map(|m| m.into_inner().unwrap()).collect();
-    let mut result = match first_err.into_inner().unwrap() {
-        Some(e) => Err(e),
-        None => Ok(()),
-    };
-    let mut renamed = vec![false; n];
-    if result.is_ok() {
-        for (i, slot) in slots.iter().enumerate() {
-            let Some((tmp, _)) = slot else { continue };
-            let target = &targets[i];
-            if let Err(e) = fs::rename(tmp, target) {
-                result = Err(ObjectError::io(target, e));
-                break;
-            }
-            renamed[i] = true;
-        }
+    if let Some(e) = first_err.into_inner().unwrap() {
+        return Err(e); // dropping `slots` removes every temp file written
     }
-    if result.is_err() {
-        for (slot, done) in slots.iter().zip(&renamed) {
-            if let (Some((tmp, _)), false) = (slot, done) {
-                let _ = fs::remove_file(tmp);
-            }
-        }
-        return Err(result.unwrap_err());
+    let mut lens: Vec<Option<u64>> = vec![None; n];
+    let mut dirty: Vec<&Path> = Vec::new();
+    for (i, slot) in slots.into_iter().enumerate() {
+        let Some((tmp, len)) = slot.into_inner().unwrap() else { continue };
+        let target = &targets[i];
+        // On failure the rest of `slots` (and this temp file, inside the error) drop: nothing is left behind.
+        tmp.persist(target).map_err(|e| ObjectError::io(target, e.error))?;
+        lens[i] = Some(len);
+        dirty.push(target.parent().expect("an object path has a directory"));
     }
-    let mut dirty: Vec<&Path> = slots.iter().flatten().map(|(tmp, _)| tmp.parent().unwrap()).collect();
     dirty.sort();
     dirty.dedup();
     let dirty_n = dirty.len();
@@ -153,7 +152,7 @@ pub fn write_batch(
     if let Some(e) = derr.into_inner().unwrap() {
         return Err(e);
     }
-    Ok(slots.into_iter().map(|s| s.map(|(_, len)| len)).collect())
+    Ok(lens)
 }
 
 /// mtime := now, also on read-only files we own (utimensat), unlike opening for write.

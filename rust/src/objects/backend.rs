@@ -1,16 +1,18 @@
 //! The seam between the object store and where object files live: the `Backend` trait (a local directory,
-//! `local.rs`; a bucket and a bucket behind a local cache, `crate::remote`) and `ObjectError`, the errors any
-//! backend reports.
+//! `local.rs`; other places implement it outside this module, which names none of them) and `ObjectError`,
+//! the errors any backend reports.
 //!
-//! Contract for every backend: a put is atomic (readers see all of an object or nothing) and durable when it
+//! CONTRACT for every backend: a put is atomic (readers see all of an object or nothing) and durable when it
 //! returns; objects are never rewritten in place; `touch` refreshes the time gc's grace period is measured
-//! from; `quarantine` moves a corrupt object aside so that the next put of the same content rewrites it.
+//! from; `quarantine` moves a corrupt object aside so that the next put of the same content rewrites it. A
+//! backend that could not reach where it keeps objects reports `ObjectError::Unavailable` (backend-neutral).
 
 use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use crate::id::ObjectId;
+use crate::unavailable::Unavailable;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
@@ -25,7 +27,7 @@ pub enum ObjectError {
     #[error("object {id}: compression failed: {source}")]
     Compress { id: ObjectId, source: io::Error },
     #[error(transparent)]
-    Remote(#[from] crate::remote::RemoteError),
+    Unavailable(#[from] Unavailable),
 }
 
 impl ObjectError {
@@ -45,7 +47,27 @@ pub fn is_disk_full(e: &io::Error) -> bool {
         || matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded)
 }
 
-/// Where object files live. Local directory now; an S3 backend can implement the same trait later.
+/// A backend that keeps a cache in front of where its objects live: the two copies, each as a backend of
+/// its own, for `verify` to check one at a time.
+pub struct Layers {
+    pub cache: Box<dyn Backend>,
+    pub primary: Box<dyn Backend>,
+}
+
+/// What a layered backend holds, for the store's stats (None where a backend has no such layer, or where it
+/// could not be counted just now).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// (objects, stored bytes) where the objects live.
+    pub primary: Option<(u64, u64)>,
+    /// (bytes used, bound) of the local cache.
+    pub cache: Option<(u64, Option<u64>)>,
+}
+
+/// An object listed with its modification time (the backend's clock) and stored length.
+pub type Stamped = (ObjectId, SystemTime, u64);
+
+/// Where object files live: a local directory (`local.rs`), or any place that keeps the same contract.
 pub trait Backend: Send + Sync {
     /// Store the encoded bytes of `id` atomically (readers see all of it or nothing).
     fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError>;
@@ -86,6 +108,24 @@ pub trait Backend: Send + Sync {
     fn list(&self) -> Result<Vec<ObjectId>, ObjectError>;
     /// Remove an object; returns the bytes freed (0 if it was already gone).
     fn delete(&self, id: &ObjectId) -> Result<u64, ObjectError>;
+    /// Remove many objects (a backend may do it concurrently); absent ones are fine.
+    fn delete_many(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
+        for id in ids {
+            self.delete(id)?;
+        }
+        Ok(())
+    }
+    /// Every object with its modification time and stored length (gc's listing; a backend may do it in one
+    /// request instead of one per object).
+    fn list_stamped(&self) -> Result<Vec<Stamped>, ObjectError> {
+        let mut out = Vec::new();
+        for id in self.list()? {
+            if let Some((t, len)) = self.mtime(&id)? {
+                out.push((id, t, len));
+            }
+        }
+        Ok(out)
+    }
     /// Modification time and stored length, None if absent.
     fn mtime(&self, id: &ObjectId) -> Result<Option<(SystemTime, u64)>, ObjectError>;
     /// Set the modification time to now if the object exists; returns its stored length.
@@ -102,4 +142,12 @@ pub trait Backend: Send + Sync {
     }
     /// The bytes `get_into` just returned for `id` passed the hash check (a cache keeps them only then).
     fn verified(&self, _id: &ObjectId, _encoded: &[u8]) {}
+    /// The cache and the primary copy, for a backend that keeps both; None: this backend is the only copy.
+    fn layers(&self) -> Option<Layers> {
+        None
+    }
+    /// What the layers hold (stats); all None for a single copy.
+    fn usage(&self) -> Usage {
+        Usage::default()
+    }
 }

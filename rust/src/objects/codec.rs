@@ -1,12 +1,15 @@
 //! The KVOB object encoding: zstd, with byte planes for f16/bf16/f32 rows (`planes.rs`), and per-thread
-//! reusable zstd contexts. Pure functions of bytes: no I/O, no ids.
+//! reusable zstd contexts.
+//!
+//! CONTRACT: pure functions of bytes (no I/O, no ids); `decode(encode(x)) == x` for any `x` and element size;
+//! the layout below is what every object file holds; `decode` returns the reason a file is corrupt as text
+//! (the caller names the object) and refuses a header whose `raw_len` is over `MAX_RAW_LEN`.
 //!
 //! ```text
 //! b"KVOB" u8 version=1 u8 codec u8 planes u8 0  u64le raw_len      (16 bytes)
 //! codec 0: one zstd frame of the raw bytes
 //! codec 1: planes x u64le frame_len, then `planes` zstd frames; plane p = raw[p::planes]
 //! ```
-//! `decode` returns the reason a file is corrupt as text; the caller names the object.
 
 use std::cell::RefCell;
 use std::io;

@@ -1,13 +1,16 @@
-//! `LocalDir`, the local-directory backend: `<root>/xx/<64 hex>`, temp files `<root>/xx/.tmp-<random>`
-//! beside their target (written through `atomic.rs`), corrupt objects moved to `<root>/.quarantine/`.
-//! `volatile` (a bucket store's cache: the bucket has every object, and every read re-hashes) skips the fsyncs.
+//! `LocalDir`, the local-directory backend.
+//!
+//! CONTRACT: the `Backend` contract over `<root>/xx/<64 hex>`: temp files `<root>/xx/.tmp-<random>` beside
+//! their target (written through `atomic.rs`), corrupt objects moved to `<root>/.quarantine/`, `touch` sets
+//! the mtime (gc's grace period). `volatile` (a cache of objects kept elsewhere, each read re-hashed) skips
+//! the fsyncs.
 
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::atomic::{atomic_write, fsync_dir, random_suffix, touch_now, write_batch};
+use super::atomic::{atomic_write, fsync_dir, touch_now, unique_suffix, write_batch, OBJECT_TEMP};
 use super::{Backend, ObjectError, TEMP_PREFIX};
 use crate::id::ObjectId;
 
@@ -96,8 +99,7 @@ impl Backend for LocalDir {
     fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError> {
         let target = self.path_of(id);
         self.make_shards(std::slice::from_ref(&target))?;
-        let temp = format!("{TEMP_PREFIX}{}", random_suffix());
-        atomic_write(&target, &temp, encoded, self.durable, || Ok::<(), ObjectError>(()))
+        atomic_write(&target, OBJECT_TEMP, encoded, self.durable, || Ok::<(), ObjectError>(()))
     }
 
     /// Batched: every object is encoded, written to its temp file and fsynced on a few I/O threads (an fsync
@@ -118,7 +120,7 @@ impl Backend for LocalDir {
         }
         let targets: Vec<PathBuf> = ids.iter().map(|id| self.path_of(id)).collect();
         self.make_shards(&targets)?;
-        write_batch(&targets, TEMP_PREFIX, make)
+        write_batch(&targets, OBJECT_TEMP, make)
     }
 
     fn get(&self, id: &ObjectId) -> Result<Option<Vec<u8>>, ObjectError> {
@@ -167,7 +169,7 @@ impl Backend for LocalDir {
         let dir = self.root.join(".quarantine");
         fs::create_dir_all(&dir).map_err(|e| ObjectError::io(&dir, e))?;
         let src = self.path_of(id);
-        let dst = dir.join(format!("{}.{}", id.hex(), random_suffix()));
+        let dst = dir.join(format!("{}.{}", id.hex(), unique_suffix()));
         match fs::rename(&src, &dst) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()), // another reader moved it first

@@ -1,15 +1,19 @@
 //! Content-addressed objects: `ObjectStore` puts bytes under their `ObjectId` (blake3 of the uncompressed
-//! bytes) and reads them back verified. Knows nothing of llama.cpp or LMDB.
+//! bytes) and reads them back verified.
 //!
-//! Contract (docs/design.md "Objects"): an object is written once, atomically and durably, never rewritten;
+//! CONTRACT (docs/design.md "Objects"): an object is written once, atomically and durably, never rewritten;
 //! a put of present content only refreshes its mtime (gc's grace period protects it); every read re-hashes,
-//! and a corrupt object is moved aside (quarantine) so that saving the same state again repairs it.
+//! and a corrupt object is moved aside (quarantine) so that saving the same state again repairs it. Objects
+//! know nothing of llama.cpp, LMDB or names, nor which backend holds them: a backend is a `Backend`, and
+//! what it reports is an `ObjectError` (one that could not reach its objects: `Unavailable`).
 //!
-//! Files: `backend.rs` the `Backend` trait (the seam for S3) and `ObjectError`; `local.rs` the local
-//! directory; `codec.rs` + `planes.rs` the KVOB encoding; `atomic.rs` atomic file writes.
+//! Files: `backend.rs` the `Backend` trait (the seam to wherever objects live) and `ObjectError`;
+//! `local.rs` the local directory; `codec.rs` + `planes.rs` the KVOB encoding; `atomic.rs` atomic file
+//! writes (the `tempfile` crate).
 
 use std::cell::RefCell;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub mod atomic;
 mod backend;
@@ -17,7 +21,7 @@ pub mod codec;
 mod local;
 mod planes;
 
-pub use backend::{is_disk_full, Backend, ObjectError};
+pub use backend::{is_disk_full, Backend, Layers, ObjectError, Stamped, Usage};
 pub use codec::{decode, encode};
 pub use local::LocalDir;
 
@@ -43,13 +47,15 @@ pub struct Got {
     pub stored_len: u64,
 }
 
+/// Cheap to clone: clones share one backend (the store and its catalog read through the same cache).
+#[derive(Clone)]
 pub struct ObjectStore {
-    backend: Box<dyn Backend>,
+    backend: Arc<dyn Backend>,
 }
 
 impl ObjectStore {
     pub fn new(backend: Box<dyn Backend>) -> Self {
-        ObjectStore { backend }
+        ObjectStore { backend: Arc::from(backend) }
     }
     pub fn local(root: impl Into<PathBuf>) -> Result<Self, ObjectError> {
         Ok(Self::new(Box::new(LocalDir::new(root)?)))

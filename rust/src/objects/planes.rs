@@ -1,6 +1,8 @@
-//! Byte planes: an array of 2- or 4-byte numbers split into one plane per byte position (plane p =
-//! raw[p::planes]), laid back to back. The high bytes of f16/bf16/f32 rows vary slowly, so zstd compresses
-//! each plane far better than the interleaved rows. Lengths need not be multiples of `planes`.
+//! Byte planes: an array of 2- or 4-byte numbers split into one plane per byte position.
+//!
+//! CONTRACT: plane p = raw[p::planes], the planes laid back to back (`plane_offsets`, `plane_len`);
+//! `interleave(deinterleave(x)) == x`; lengths need not be multiples of `planes`. Why: the high bytes of
+//! f16/bf16/f32 rows vary slowly, so zstd compresses each plane far better than the interleaved rows.
 
 /// Start of each plane when the planes of `raw_len` bytes lie back to back.
 pub fn plane_offsets(raw_len: usize, planes: usize) -> Vec<usize> {

@@ -1,5 +1,9 @@
 //! Conversions at the boundary: JSON-shaped Rust reports → plain dicts and lists, fingerprint mappings →
 //! `Fingerprint`.
+//!
+//! CONTRACT: a report's fields become a dict's keys as serde names them (so the Python shape is the Rust
+//! struct's); a fingerprint is a mapping of `str` to `str` (an `int` value is written in decimal), `None`
+//! meaning `{}`; anything else is a `TypeError` naming the argument.
 
 use std::collections::BTreeMap;
 

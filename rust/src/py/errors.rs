@@ -1,6 +1,6 @@
 //! The exception hierarchy, defined once (here) for Python, and the one `From<Error> for PyErr`.
 //!
-//! Classes are built with `type(name, bases, ns)` because several have two bases (e.g.
+//! CONTRACT: classes are built with `type(name, bases, ns)` because several have two bases (e.g.
 //! `NameNotFound(KvStoreError, KeyError)`), which `create_exception!` cannot express. Each carries the
 //! context of its error as attributes (None where a variant does not know it); the message says what
 //! happened and what to do next. `kvstore/errors.py` re-exports these classes; `_core.pyi` types them.
@@ -154,7 +154,7 @@ fn attrs(e: &Error) -> Vec<(&'static str, String)> {
         Error::Index(IndexError::InvalidName { what, value, .. }) => vec![("what", what.to_string()), ("value", value.clone())],
         Error::Object(ObjectError::Full { path: p, .. }) => path(p),
         Error::Index(IndexError::MapFull { path: p } | IndexError::DiskFull { path: p }) => path(p),
-        e if e.remote().is_some() => vec![("url", e.remote().map(|r| r.url().to_string()).unwrap_or_default())],
+        e if e.unavailable().is_some() => vec![("url", e.unavailable().map(|u| u.location.clone()).unwrap_or_default())],
         _ => Vec::new(),
     }
 }

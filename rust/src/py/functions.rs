@@ -1,5 +1,9 @@
 //! Module-level functions: name checks, file hashing, parsing a slot file, the empty-layout rule, cutting a
 //! slot file's prefix.
+//!
+//! CONTRACT: each function is the core's own rule exposed as it is (no second implementation in Python);
+//! every one that reads a slot file goes through `slot_file.rs`, and every one that writes one writes it
+//! atomically (`objects::atomic`); the GIL is released while they work.
 
 use std::path::PathBuf;
 
@@ -77,7 +81,7 @@ enum Cut {
     Missing { missing: Vec<(i32, i32)> },
 }
 
-/// The first `n_tokens` of the slot file at `path` as a slot file written to `out_path` (format/prefix.rs);
+/// The first `n_tokens` of the slot file at `path` as a slot file written to `out_path` (format/cut.rs);
 /// SWA rows may also come from the slot files `extras`. Returns `{"n_tokens", "window", "origins",
 /// "file_bytes"}`, or `{"missing": [[start, end], ...]}` (nothing written) when no file holds those rows.
 #[pyfunction]
@@ -114,8 +118,9 @@ pub(super) fn cut_state<'py>(
             }
             crate::format::Prefix::File { bytes, window, origins } => {
                 // The one writer of materialized files: a reader of out_path never sees half a file.
-                let temp = format!(".{}.tmp", crate::objects::atomic::random_suffix());
-                crate::objects::atomic::atomic_write(&out_path, &temp, &bytes, false, || Ok::<(), Error>(()))?;
+                crate::objects::atomic::atomic_write(&out_path, crate::objects::atomic::FILE_TEMP, &bytes, false, || {
+                    Ok::<(), Error>(())
+                })?;
                 Ok(Cut::File {
                     n_tokens,
                     window: (window.start, window.end),

@@ -1,6 +1,9 @@
-//! The Python face of the core (`kvstore._core`); the only code that knows pyo3. This file is the module
-//! table; `errors.rs` the exception classes and the one `From<Error> for PyErr`; `store.rs` the `Store`
-//! class; `functions.rs` module functions; `convert.rs` conversions of arguments and reports.
+//! The Python face of the core (`kvstore._core`); the only code that knows pyo3.
+//!
+//! CONTRACT: this file is the module table: it registers the `Store` class (`store.rs`), the module functions
+//! (`functions.rs`), the exception classes (`errors.rs`, with the one `From<Error> for PyErr`) and the module
+//! constants; `convert.rs` converts arguments and reports. `kvstore/_core.pyi` describes exactly this table
+//! (checked by stubtest).
 
 use pyo3::prelude::*;
 

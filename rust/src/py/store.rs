@@ -1,5 +1,8 @@
-//! The `Store` class: arguments copied into owned values, then every call releases the GIL (`py.detach`)
-//! while it works; results are plain dicts and lists.
+//! The `Store` class of `kvstore._core`.
+//!
+//! CONTRACT: arguments are copied into owned values, then every call releases the GIL (`py.detach`) while it
+//! works; results are plain dicts and lists (`convert.rs`); errors become the exceptions of `errors.rs`. A
+//! store is opened by location (`crate::open`): a directory, or `s3://...` with its cache directory.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,7 +37,7 @@ impl PyStore {
     ) -> PyResult<Self> {
         let map_size = usize::try_from(map_size_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         let loc = location.to_string_lossy().into_owned();
-        let inner = py.detach(|| crate::remote::open_location(&loc, cache.as_deref(), cache_size, block_size, level, map_size))?;
+        let inner = py.detach(|| crate::open::open_location(&loc, cache.as_deref(), cache_size, block_size, level, map_size))?;
         Ok(PyStore { inner: Arc::new(inner) })
     }
 
@@ -47,27 +50,27 @@ impl PyStore {
     /// `s3://bucket/prefix` of a bucket store, else None.
     #[getter]
     fn remote(&self) -> Option<String> {
-        self.inner.remote().map(|r| r.url().to_string())
+        self.inner.catalog().location().map(str::to_string)
     }
 
     /// The local cache directory of a bucket store, else None.
     #[getter]
     fn cache_dir(&self) -> Option<String> {
-        self.inner.remote().map(|_| self.inner.path().to_string_lossy().into_owned())
+        self.inner.catalog().location().map(|_| self.inner.path().to_string_lossy().into_owned())
     }
 
     /// Bring the local index up to date with the bucket's names (one namespace, or all).
     #[pyo3(signature = (namespace = None))]
     fn sync<'py>(&self, py: Python<'py>, namespace: Option<String>) -> PyResult<Bound<'py, PyAny>> {
         let s = &self.inner;
-        let r = py.detach(|| crate::remote::sync::sync_store(s, namespace.as_deref()))?;
+        let r = py.detach(|| s.sync(namespace.as_deref()))?;
         dict(py, &r)
     }
 
     /// Rebuild the local index from the bucket.
     fn reindex<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let s = &self.inner;
-        let r = py.detach(|| crate::remote::sync::reindex_store(s))?;
+        let r = py.detach(|| s.reindex())?;
         dict(py, &r)
     }
 
@@ -137,7 +140,7 @@ impl PyStore {
     }
 
     /// The first `n_tokens` of a stored state (by `name`, or by `manifest_id` when name is None) as a slot file
-    /// llama-server resumes at exactly n_tokens (store/prefix.rs).
+    /// llama-server resumes at exactly n_tokens (store/cut.rs).
     #[pyo3(signature = (name, n_tokens, out_path, *, namespace = String::new(), manifest_id = None, expect = None,
                         n_stream = None, fill_masked = 0))]
     #[allow(clippy::too_many_arguments)]

@@ -1,8 +1,8 @@
 //! The bucket client: any `Arc<dyn ObjectStore>` (S3 from `s3.rs`, `InMemory` in unit tests) on a small tokio
 //! runtime owned here; every call blocks on it (the core's API is sync, Python releases the GIL). Keys are
-//! relative to the store's prefix. `RemoteError` and the one mapping from object_store's errors.
+//! relative to the store's prefix. The one mapping from object_store's errors to `RemoteError`.
 //!
-//! Contract: NotFound reads are None; conditional puts: `put_create` (If-None-Match: *, false if the key
+//! CONTRACT: NotFound reads are None; conditional puts: `put_create` (If-None-Match: *, false if the key
 //! exists) and `put_if_match` (If-Match: etag, None when another writer got there first); permission errors
 //! are `Denied`; every other failure (connection, timeout, 5xx after retries) is `Unavailable`.
 
@@ -15,33 +15,8 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 
+use super::error::RemoteError;
 use super::url::BucketUrl;
-
-#[derive(Debug, thiserror::Error)]
-pub enum RemoteError {
-    #[error("bucket {url} is unreachable ({detail}); reads are served from the local cache where it holds the objects, saves fail until the bucket is back (check AWS_ENDPOINT_URL and the network)")]
-    Unavailable { url: String, detail: String },
-    #[error("bucket {url}: access denied ({detail}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")]
-    Denied { url: String, detail: String },
-    #[error("invalid store location {url:?}: {reason}")]
-    BadUrl { url: String, reason: String },
-    #[error("{url}: {detail}")]
-    Locked { url: String, detail: String },
-    #[error("bucket {url}: {detail}")]
-    Invalid { url: String, detail: String },
-}
-
-impl RemoteError {
-    pub fn url(&self) -> &str {
-        match self {
-            RemoteError::Unavailable { url, .. }
-            | RemoteError::Denied { url, .. }
-            | RemoteError::BadUrl { url, .. }
-            | RemoteError::Locked { url, .. }
-            | RemoteError::Invalid { url, .. } => url,
-        }
-    }
-}
 
 /// What a listing or a head tells about one key.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! Lock files in the bucket (restic's model): `<prefix>/locks/<kind>-<random>`, and the gc generation
 //! counter `<prefix>/gc-generation`.
 //!
-//! Contract: a save holds a *shared* lock from its first upload to its name commit; gc holds the *exclusive*
+//! CONTRACT: a save holds a *shared* lock from its first upload to its name commit; gc holds the *exclusive*
 //! lock while it marks and deletes. Taking a lock = write it, then list `locks/`: a saver that sees a live
 //! exclusive lock removes its own, backs off and retries until `wait` is spent (then `Locked`); a gc that
 //! sees another live exclusive lock removes its own and refuses at once (`Locked`: two gcs never run; in a
@@ -10,17 +10,15 @@
 //! so machine clocks do not matter; a lock older than `stale` is ignored (a crashed holder), and gc removes it;
 //! so is, at once, a lock written on this machine (same host name and boot id) by a process that is gone.
 //! A held lock is rewritten every `stale / 3` (a long save stays live), and removed when its guard drops. The generation is bumped (CAS) by every gc before it deletes.
-//! `Store::save_lock` is what an ingest holds: the local flock, and for a bucket store the bucket's shared lock.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 
-use super::client::{Bucket, Meta, RemoteError};
-use crate::error::Result as StoreResult;
-use crate::store::Store;
-use crate::objects::atomic::random_suffix;
+use super::client::{Bucket, Meta};
+use super::error::RemoteError;
+use super::keys::unique_suffix;
 
 pub const GENERATION_KEY: &str = "gc-generation";
 
@@ -67,7 +65,7 @@ type Seen = (Meta, Kind, bool);
 
 /// Write a lock of `kind` and return it with the other locks.
 fn write_and_list(bucket: &Arc<Bucket>, kind: Kind, stale: Duration) -> Result<(LockGuard, Vec<Seen>), RemoteError> {
-    let key = format!("locks/{}-{}", kind.tag(), random_suffix());
+    let key = format!("locks/{}-{}", kind.tag(), unique_suffix());
     let body = serde_json::json!({"kind": kind.tag(), "pid": std::process::id(), "host": this_machine()});
     let body = Bytes::from(body.to_string());
     bucket.put(&key, body.clone())?;
@@ -114,7 +112,8 @@ fn holder_gone(bucket: &Bucket, rel: &str) -> bool {
         return false;
     }
     // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid as libc::pid_t, 0) != 0 && *libc::__errno_location() == libc::ESRCH }
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 /// A save's shared lock: waits (backing off) while a gc holds the exclusive one, at most `wait`.
@@ -195,23 +194,4 @@ pub fn bump_generation(bucket: &Bucket) -> Result<u64, RemoteError> {
         }
     }
     Err(RemoteError::Invalid { url: bucket.url().into(), detail: format!("{GENERATION_KEY} kept changing") })
-}
-
-/// What a save holds from its first object write to its commit.
-pub(crate) enum SaveLock {
-    #[allow(dead_code)] // held for its Drop
-    Local(std::fs::File),
-    #[allow(dead_code)]
-    Remote(LockGuard, std::fs::File),
-}
-
-impl Store {
-    /// A save's lock: the local shared flock, and for a bucket store the bucket's shared lock.
-    pub(crate) fn save_lock(&self) -> StoreResult<SaveLock> {
-        let local = self.lock_shared()?;
-        match self.remote() {
-            None => Ok(SaveLock::Local(local)),
-            Some(r) => Ok(SaveLock::Remote(r.save_lock()?, local)),
-        }
-    }
 }

@@ -1,54 +1,64 @@
-//! A store in an S3 bucket, with the local disk as a cache (docs/design.md "Remote store (S3)").
+//! A store in an S3 bucket, with the local disk as a cache (docs/design.md "Remote store (S3)"): the two seams
+//! of a store implemented over a bucket, the objects (`CachedBackend`, an `objects::Backend`) and the names
+//! and locks (`BucketCatalog`, a `catalog::Catalog`). Nothing here knows `Store`: `open` returns the parts,
+//! and `crate::open` assembles them.
 //!
 //! | file | job |
 //! |---|---|
 //! | `url.rs` | parse `s3://bucket/prefix` |
-//! | `client.rs` | the bucket client (object_store on a small tokio runtime), `RemoteError` |
+//! | `error.rs` | `RemoteError`, and its one conversion into the backend-neutral `Unavailable` |
+//! | `client.rs` | the bucket client (object_store on a small tokio runtime) |
 //! | `s3.rs` | the S3 client from the AWS environment variables |
-//! | `backend.rs` | `BucketObjects`: objects in the bucket, create-if-absent |
-//! | `cache.rs` | the local object cache (LRU bound, trust after a gc elsewhere) |
-//! | `cached.rs` | `Cached`, the `Backend` of a bucket behind the cache |
+//! | `keys.rs` | object keys and unique suffixes of the bucket layout |
+//! | `bucket_objects.rs` | `BucketObjects`: objects in the bucket, create-if-absent |
+//! | `lru_cache.rs` | `LruCache`: the local directory of cached objects (LRU bound, trust after a gc elsewhere) |
+//! | `cached_backend.rs` | `CachedBackend`: the `Backend` of a bucket behind the `LruCache` |
 //! | `names.rs` | name records, changed only by compare-and-swap |
 //! | `locks.rs` | shared/exclusive lock files, the gc generation |
 //! | `sync.rs` | the local index brought up to date from the bucket; `reindex` |
-//! | `gc.rs` | gc across machines |
+//! | `catalog.rs` | `BucketCatalog`: the `Catalog` of names, locks and sync in the bucket |
 //!
-//! Bucket layout under the prefix: `config.json` (block size, fixed at creation), `objects/`, `names/`,
-//! `locks/`, `gc-generation`, `quarantine/`. The cache directory holds `index/` (LMDB, a rebuildable cache of
-//! the bucket), `objects/` (cached objects), `remote.json` (which bucket it caches), `lock`.
+//! CONTRACT: bucket layout under the prefix: `config.json` (block size, fixed at creation), `objects/`,
+//! `names/`, `locks/`, `gc-generation`, `quarantine/`. The cache directory holds `index/` (LMDB, a
+//! rebuildable cache of the bucket), `objects/` (cached objects), `remote.json` (which bucket it caches; a
+//! cache directory of another bucket is refused), `lock`.
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-mod backend;
-mod cache;
-mod cached;
+mod bucket_objects;
+mod cached_backend;
+mod catalog;
 mod client;
-pub mod gc;
+mod error;
+mod keys;
 mod locks;
+mod lru_cache;
 pub mod names;
 mod s3;
-pub mod sync;
+mod sync;
 pub mod url;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{object_key, BucketObjects};
-pub use cache::Cache;
-pub use cached::Cached;
-pub use client::{Bucket, Meta, RemoteError};
+pub use bucket_objects::BucketObjects;
+pub use cached_backend::CachedBackend;
+pub use catalog::BucketCatalog;
+pub use client::{Bucket, Meta};
+pub use error::RemoteError;
+pub use keys::object_key;
 pub use locks::LockGuard;
-pub use sync::SyncReport;
+pub use lru_cache::LruCache;
 pub use url::{is_remote, BucketUrl};
 
+use crate::catalog::LockFile;
 use crate::error::{Error, Result};
+use crate::index::Index;
 use crate::objects::ObjectStore;
-use crate::store::Store;
 
 /// Timing of the lock protocol and of syncs.
 #[derive(Debug, Clone, Copy)]
@@ -71,12 +81,14 @@ impl Default for RemoteOptions {
     }
 }
 
-pub struct Remote {
-    pub bucket: Arc<Bucket>,
-    pub objects: BucketObjects,
-    pub cache: Arc<Cache>,
-    pub opts: RemoteOptions,
-    last_sync: Mutex<HashMap<Option<String>, Instant>>,
+/// What a bucket store is made of, for `Store::from_parts`.
+pub struct Parts {
+    /// The cache directory (canonical).
+    pub root: PathBuf,
+    pub index: Arc<Index>,
+    /// Objects through the cache (`CachedBackend`).
+    pub objects: ObjectStore,
+    pub catalog: Arc<BucketCatalog>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -85,70 +97,11 @@ struct Config {
     block_size: u32,
 }
 
-impl Remote {
-    pub fn url(&self) -> &str {
-        self.bucket.url()
-    }
-
-    /// A save's lock: shared lock in the bucket, then the cache made trustworthy for dedup.
-    pub(crate) fn save_lock(&self) -> Result<LockGuard> {
-        let guard = locks::shared(&self.bucket, self.opts.stale_lock, self.opts.lock_wait)?;
-        let (gen, _) = locks::generation(&self.bucket)?;
-        let objects = self.objects.clone();
-        self.cache.revalidate(gen, move || Ok(objects.list_meta()?.into_iter().map(|(id, _)| id).collect()))?;
-        Ok(guard)
-    }
-
-    /// Whether `namespace` (None: all) was synced less than `within` ago.
-    pub(crate) fn synced_within(&self, namespace: Option<&str>, within: Duration) -> bool {
-        let m = self.last_sync.lock().unwrap_or_else(|e| e.into_inner());
-        [namespace.map(str::to_string), None].iter().any(|k| m.get(k).is_some_and(|t| t.elapsed() < within))
-    }
-
-    pub(crate) fn note_synced(&self, namespace: Option<&str>) {
-        let mut m = self.last_sync.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert(namespace.map(str::to_string), Instant::now());
-    }
-
-    pub(crate) fn forget_syncs(&self) {
-        self.last_sync.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    }
-}
-
-/// Open a local store (a path) or a bucket store (`s3://...`, which needs `cache`); `cache`/`cache_size` are
-/// refused for a local one.
-pub fn open_location(
-    location: &str,
-    cache: Option<&Path>,
-    cache_size: Option<u64>,
-    block_size: u32,
-    level: i32,
-    map_size: usize,
-) -> Result<Store> {
-    if is_remote(location) {
-        let cache = cache.ok_or_else(|| {
-            Error::Invalid(format!("a bucket store ({location}) needs cache=: the local cache directory"))
-        })?;
-        open(location, cache, cache_size, block_size, level, map_size)
-    } else if cache.is_some() || cache_size.is_some() {
-        Err(Error::Invalid(format!("cache= and cache_size= are for a bucket store (s3://...); {location} is a local store")))
-    } else {
-        Store::open(Path::new(location), block_size, level, map_size)
-    }
-}
-
 /// Open a bucket store (`s3://bucket/prefix`, client from the AWS environment) with its cache in `cache_dir`.
-pub fn open(
-    location: &str,
-    cache_dir: &Path,
-    cache_size: Option<u64>,
-    block_size: u32,
-    level: i32,
-    map_size: usize,
-) -> Result<Store> {
+pub fn open(location: &str, cache_dir: &Path, cache_size: Option<u64>, block_size: u32, map_size: usize) -> Result<Parts> {
     let url = url::parse(location)?;
     let bucket = s3::client(&url)?;
-    open_with(bucket, cache_dir, cache_size, block_size, level, map_size, RemoteOptions::default())
+    open_with(bucket, cache_dir, cache_size, block_size, map_size, RemoteOptions::default())
 }
 
 /// Open a bucket store over any client (unit tests use `InMemory`).
@@ -157,11 +110,9 @@ pub fn open_with(
     cache_dir: &Path,
     cache_size: Option<u64>,
     block_size: u32,
-    level: i32,
     map_size: usize,
     opts: RemoteOptions,
-) -> Result<Store> {
-    crate::store::check_params(block_size, level)?;
+) -> Result<Parts> {
     let bucket = Arc::new(bucket);
     // The block size is the bucket's, fixed by the first store opened on it: prefix keys and blocks depend on it.
     let wanted = Config { version: 1, block_size };
@@ -187,18 +138,20 @@ pub fn open_with(
         }
         Err(_) => std::fs::write(&marker, &mine).map_err(|e| Error::io(&marker, e))?,
     }
-    let cache = Arc::new(Cache::open(root.clone(), cache_size)?);
-    let objects = BucketObjects::new(bucket.clone());
-    let backend = Cached { cache: cache.clone(), bucket: objects.clone() };
-    let remote = Remote { bucket, objects, cache, opts, last_sync: Mutex::new(HashMap::new()) };
-    let store = Store::assemble(root, ObjectStore::new(Box::new(backend)), config.block_size, level, map_size, Some(Arc::new(remote)))?;
-    if store.block_size() != config.block_size {
+    let cache = Arc::new(LruCache::open(root.clone(), cache_size)?);
+    let bucket_objects = BucketObjects::new(bucket.clone());
+    let objects = ObjectStore::new(Box::new(CachedBackend { cache: cache.clone(), bucket: bucket_objects.clone() }));
+    let index = Index::open(&root.join("index"), map_size.max(1 << 20), config.block_size)?;
+    let made_with = index.block_size()?;
+    if made_with != config.block_size {
         return Err(Error::Invalid(format!(
             "cache directory {} was made with block size {} but the bucket's is {}; remove the cache directory (it is rebuilt from the bucket)",
-            store.path().display(),
-            store.block_size(),
+            root.display(),
+            made_with,
             config.block_size
         )));
     }
-    Ok(store)
+    let lock_file = LockFile::new(root.join("lock"))?;
+    let catalog = BucketCatalog::new(bucket, bucket_objects, cache, objects.clone(), index.clone(), made_with, opts, lock_file);
+    Ok(Parts { root, index, objects, catalog: Arc::new(catalog) })
 }

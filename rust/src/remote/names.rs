@@ -1,7 +1,7 @@
 //! Name records in the bucket: `<prefix>/names/h<hex(namespace)>/h<hex(name)>`, JSON
 //! `{"manifest": hex, "created": unix s, "displaced": [hex, ..]}` (hex keeps any name a safe key).
 //!
-//! Contract: a record changes only by a conditional write — create-if-absent for a new name, If-Match on the
+//! CONTRACT: a record changes only by a conditional write — create-if-absent for a new name, If-Match on the
 //! ETag read for an update. Policy on a race (decided in docs/design.md "Remote store"): the later save wins,
 //! and a manifest that the saver did not know it replaced (another machine committed it since this machine
 //! last saw the name) is kept in `displaced` (newest first, at most `MAX_DISPLACED`), so gc keeps its objects
@@ -10,8 +10,9 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::client::{Bucket, Meta, RemoteError};
-use crate::id::{hex, ObjectId};
+use super::client::{Bucket, Meta};
+use super::error::RemoteError;
+use crate::id::ObjectId;
 use crate::index::NameRecord;
 
 pub const MAX_DISPLACED: usize = 8;
@@ -26,16 +27,11 @@ pub struct RemoteName {
 }
 
 fn seg(s: &str) -> String {
-    format!("h{}", hex(s.as_bytes()))
+    format!("h{}", hex::encode(s.as_bytes()))
 }
 
 fn unseg(s: &str) -> Option<String> {
-    let h = s.strip_prefix('h')?;
-    if h.len() % 2 != 0 {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> = (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).ok()).collect();
-    String::from_utf8(bytes?).ok()
+    String::from_utf8(hex::decode(s.strip_prefix('h')?).ok()?).ok()
 }
 
 pub fn name_key(namespace: &str, name: &str) -> String {

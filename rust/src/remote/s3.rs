@@ -1,6 +1,6 @@
 //! The S3 client of a bucket store, configured from the standard AWS environment variables.
 //!
-//! Contract: `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`; none: AWS itself), `AWS_REGION` (or
+//! CONTRACT: `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`; none: AWS itself), `AWS_REGION` (or
 //! `AWS_DEFAULT_REGION`; default us-east-1), `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`);
 //! no credentials → unsigned (anonymous) requests and no instance-metadata lookup. Plain HTTP only to a loopback
 //! endpoint or with `AWS_ALLOW_HTTP=true`. Timeouts and retries are bounded (connect 2 s, request 30 s —
@@ -13,7 +13,8 @@ use std::time::Duration;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
-use super::client::{Bucket, RemoteError};
+use super::client::Bucket;
+use super::error::RemoteError;
 use super::url::BucketUrl;
 
 /// The S3 client for `url`, configured from the AWS environment variables.

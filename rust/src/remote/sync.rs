@@ -1,49 +1,67 @@
 //! The local index brought up to date from the bucket; `reindex` rebuilds it from nothing.
 //!
-//! Contract: `sync(namespace)` lists the bucket's names (of one namespace, or all), reads the records whose
+//! CONTRACT: `sync(namespace)` lists the bucket's names (of one namespace, or all), reads the records whose
 //! ETag differs from the index row's (16 in flight), fetches the manifests the index lacks (through the
 //! cache), and in one write transaction puts name rows (keeping `last_used` when the manifest is unchanged),
 //! manifest rows and prefix keys (recomputed per namespace), and drops rows of names gone from the bucket.
 //! The index is only a cache of the bucket: `reindex` clears names, manifests, prefixes and object rows,
 //! then syncs everything. Object rows (sizes) come only from this machine's saves. `read_name` mirrors the one
-//! record a read by name just fetched (so a save after a restore here knows what it replaces).
+//! record a read by name just fetched (so a save after a restore here knows what it replaces). Prefix rows
+//! are written by the index's one writer (`Index::put_prefixes`), the same rows an ingest writes.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
+use super::bucket_objects::PARALLEL;
+use super::client::Bucket;
 use super::names::{self, RemoteName};
-use super::Remote;
+use crate::catalog::SyncReport;
 use crate::error::Result;
 use crate::id::ObjectId;
-use crate::index::{HeedExt, NameRecord};
+use crate::index::{HeedExt, Index, NameRecord};
 use crate::manifest::Manifest;
-use crate::objects::ObjectError;
-use crate::prefix::prefix_chain;
-use crate::store::Store;
+use crate::objects::{ObjectError, ObjectStore};
 
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct SyncReport {
-    /// Names in the bucket (in the scope synced).
-    pub names: usize,
-    /// Name rows written (new or changed in the bucket).
-    pub updated: usize,
-    /// Name rows dropped (gone from the bucket).
-    pub removed: usize,
-    /// Manifests read from the bucket (or the cache) into the index.
-    pub manifests_fetched: usize,
-    pub elapsed_s: f64,
+/// What a sync reads and writes: the bucket's name records, objects through the cache (manifests, verified),
+/// this machine's index; and when each namespace was last synced.
+pub struct Mirror {
+    pub(super) bucket: Arc<Bucket>,
+    pub(super) cached: ObjectStore,
+    pub(super) index: Arc<Index>,
+    pub(super) block_size: u32,
+    last_sync: Mutex<HashMap<Option<String>, Instant>>,
+}
+
+impl Mirror {
+    pub(super) fn new(bucket: Arc<Bucket>, cached: ObjectStore, index: Arc<Index>, block_size: u32) -> Mirror {
+        Mirror { bucket, cached, index, block_size, last_sync: Mutex::new(HashMap::new()) }
+    }
+
+    /// Whether `namespace` (None: all) was synced less than `within` ago.
+    pub(super) fn synced_within(&self, namespace: Option<&str>, within: Duration) -> bool {
+        let m = self.last_sync.lock().unwrap_or_else(|e| e.into_inner());
+        [namespace.map(str::to_string), None].iter().any(|k| m.get(k).is_some_and(|t| t.elapsed() < within))
+    }
+
+    fn note_synced(&self, namespace: Option<&str>) {
+        let mut m = self.last_sync.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(namespace.map(str::to_string), Instant::now());
+    }
+
+    fn forget_syncs(&self) {
+        self.last_sync.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
 }
 
 type Fetched = (String, String, Option<(RemoteName, String)>);
 
 /// Bring the index up to date with the bucket's names (of `namespace`, or all).
-pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<SyncReport> {
+pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
     let t0 = Instant::now();
-    let bucket = &*remote.bucket;
+    let bucket = &*c.bucket;
     let listed = names::list(bucket, namespace)?;
-    let ix = store.index();
+    let ix = &*c.index;
     let local: HashMap<(String, String), NameRecord> = {
         let r = ix.read_txn()?;
         ix.names_in(&r, namespace)?.into_iter().map(|(ns, n, rec)| ((ns, n), rec)).collect()
@@ -55,7 +73,7 @@ pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<S
         })
         .map(|(ns, n, _)| (ns.clone(), n.clone()))
         .collect();
-    let fetched: Vec<Fetched> = bucket.run_all(todo, super::backend::PARALLEL, |(ns, n)| async move {
+    let fetched: Vec<Fetched> = bucket.run_all(todo, PARALLEL, |(ns, n)| async move {
         let rec = names::read_async(bucket, &ns, &n).await?;
         Ok((ns, n, rec))
     })?;
@@ -80,11 +98,11 @@ pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<S
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    store.objects().backend().prefetch(&need)?;
+    c.cached.backend().prefetch(&need)?;
     let mut manifests: HashMap<ObjectId, (Manifest, Vec<u8>)> = HashMap::new();
     for id in &need {
         // A missing or corrupt manifest still gets its name row (gc then refuses, verify names it).
-        let got = match store.objects().get(id) {
+        let got = match c.cached.get(id) {
             Ok(got) => got,
             Err(ObjectError::Missing { .. } | ObjectError::Corrupt { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -123,7 +141,7 @@ pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<S
                 None => continue,
             },
         };
-        put_prefixes(store, &mut w, ns, rec.manifest, &m)?;
+        put_prefixes(c, &mut w, ns, rec.manifest, &m)?;
     }
     for (ns, n) in local.keys() {
         if !listed_set.contains(&(ns.as_str(), n.as_str())) {
@@ -131,52 +149,51 @@ pub fn sync(store: &Store, remote: &Remote, namespace: Option<&str>) -> Result<S
         }
     }
     w.commit().ix(ix)?;
-    remote.note_synced(namespace);
+    c.note_synced(namespace);
     report.elapsed_s = t0.elapsed().as_secs_f64();
     Ok(report)
 }
 
 /// A name's record read from the bucket (`names::row`: Some(None) = no such name, None = unreachable, the
 /// index serves), mirrored into the index so this machine's next save of it knows what it replaces.
-pub(crate) fn read_name(
-    store: &Store,
-    remote: &Remote,
+pub(super) fn read_name(
+    c: &Mirror,
     namespace: &str,
     name: &str,
     local: Option<&NameRecord>,
 ) -> Result<Option<Option<NameRecord>>> {
-    let row = names::row(&remote.bucket, namespace, name, local)?;
+    let row = names::row(&c.bucket, namespace, name, local)?;
     match &row {
-        Some(Some(rec)) if local.is_none_or(|l| l.etag != rec.etag) => mirror(store, namespace, name, rec)?,
-        Some(None) if local.is_some() => unmirror(store, namespace, name)?,
+        Some(Some(rec)) if local.is_none_or(|l| l.etag != rec.etag) => mirror(c, namespace, name, rec)?,
+        Some(None) if local.is_some() => unmirror(c, namespace, name)?,
         _ => {}
     }
     Ok(row)
 }
 
 /// Mirror one bucket record just read into the index: its name row, manifest row and prefix keys.
-fn mirror(store: &Store, namespace: &str, name: &str, row: &NameRecord) -> Result<()> {
-    let ix = store.index();
+fn mirror(c: &Mirror, namespace: &str, name: &str, row: &NameRecord) -> Result<()> {
+    let ix = &*c.index;
     let known = {
         let r = ix.read_txn()?;
         ix.manifests.get(&r, &row.manifest).ix(ix)?.map(<[u8]>::to_vec)
     };
     let json = match known {
         Some(j) => j,
-        None => store.objects().get(&row.manifest)?.bytes,
+        None => c.cached.get(&row.manifest)?.bytes,
     };
     let m = Manifest::from_json(row.manifest, &json)?;
     let mut w = ix.write_txn()?;
     ix.names.put(&mut w, &(namespace, name), row).ix(ix)?;
     ix.manifests.put(&mut w, &row.manifest, &json).ix(ix)?;
-    put_prefixes(store, &mut w, namespace, row.manifest, &m)?;
+    put_prefixes(c, &mut w, namespace, row.manifest, &m)?;
     w.commit().ix(ix)?;
     Ok(())
 }
 
 /// Drop the row of a name the bucket no longer has.
-fn unmirror(store: &Store, namespace: &str, name: &str) -> Result<()> {
-    let ix = store.index();
+fn unmirror(c: &Mirror, namespace: &str, name: &str) -> Result<()> {
+    let ix = &*c.index;
     let mut w = ix.write_txn()?;
     ix.names.delete(&mut w, &(namespace, name)).ix(ix)?;
     w.commit().ix(ix)?;
@@ -184,45 +201,20 @@ fn unmirror(store: &Store, namespace: &str, name: &str) -> Result<()> {
 }
 
 /// The prefix keys of manifest `mid` in `namespace` (the same rows an ingest writes).
-fn put_prefixes(store: &Store, w: &mut heed::RwTxn, namespace: &str, mid: ObjectId, m: &Manifest) -> Result<()> {
-    let ix = store.index();
+fn put_prefixes(c: &Mirror, w: &mut heed::RwTxn, namespace: &str, mid: ObjectId, m: &Manifest) -> Result<()> {
     let Ok(fid) = m.fingerprint_id.parse::<ObjectId>() else { return Ok(()) };
-    let b = store.block_size();
-    for (k, h) in prefix_chain(namespace, &fid.0, &m.tokens, b).iter().enumerate() {
-        let covered = ((k as u64 + 1) * b as u64).min(u32::MAX as u64) as u32;
-        ix.prefixes.put(w, &(*h, mid), &covered).ix(ix)?;
-    }
-    Ok(())
+    Ok(c.index.put_prefixes(w, namespace, &fid.0, &m.tokens, c.block_size, mid)?)
 }
 
 /// Rebuild the index from the bucket: clear it, then sync every namespace.
-pub fn reindex(store: &Store, remote: &Remote) -> Result<SyncReport> {
-    let ix = store.index();
+pub fn reindex(c: &Mirror) -> Result<SyncReport> {
+    let ix = &*c.index;
     let mut w = ix.write_txn()?;
     ix.names.clear(&mut w).ix(ix)?;
     ix.manifests.clear(&mut w).ix(ix)?;
     ix.prefixes.clear(&mut w).ix(ix)?;
     ix.objects.clear(&mut w).ix(ix)?;
     w.commit().ix(ix)?;
-    remote.forget_syncs();
-    sync(store, remote, None)
-}
-
-/// `sync` of a store, refused for a local one.
-pub fn sync_store(store: &Store, namespace: Option<&str>) -> Result<SyncReport> {
-    if let Some(ns) = namespace {
-        crate::index::validate_name(ns, "namespace")?;
-    }
-    sync(store, bucket_store(store, "sync")?, namespace)
-}
-
-/// `reindex` of a store, refused for a local one.
-pub fn reindex_store(store: &Store) -> Result<SyncReport> {
-    reindex(store, bucket_store(store, "reindex")?)
-}
-
-fn bucket_store<'a>(store: &'a Store, what: &str) -> Result<&'a Remote> {
-    store.remote().map(|r| &**r).ok_or_else(|| {
-        crate::error::Error::Invalid(format!("{what} is for a bucket store (s3://...); {} is local", store.path().display()))
-    })
+    c.forget_syncs();
+    sync(c, None)
 }

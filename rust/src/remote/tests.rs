@@ -1,5 +1,8 @@
 //! Unit tests of the bucket store against `object_store::memory::InMemory` (a real object store held in
 //! memory): two stores with their own cache directories share one bucket, as two machines would.
+//!
+//! CONTRACT: test code only; each machine is a `Store` assembled from `open_with`'s parts, as `crate::open`
+//! assembles it, and keeps its `BucketCatalog` for the tests that look inside.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +12,7 @@ use object_store::memory::InMemory;
 use super::*;
 use crate::error::ErrorKind;
 use crate::objects::Backend;
-use crate::store::Target;
+use crate::store::{Store, Target};
 use crate::testutil::{fp, put_synthetic, TempDir};
 
 fn bucket(mem: &Arc<InMemory>) -> Bucket {
@@ -20,8 +23,23 @@ fn quick() -> RemoteOptions {
     RemoteOptions { stale_lock: Duration::from_secs(600), lock_wait: Duration::from_millis(600), sync_interval: Duration::from_secs(1) }
 }
 
-fn machine(mem: &Arc<InMemory>, d: &TempDir, limit: Option<u64>, opts: RemoteOptions) -> Store {
-    open_with(bucket(mem), &d.0, limit, 16, 1, 1 << 26, opts).unwrap()
+/// One machine: a store over the bucket, and its catalog (for the tests that look inside).
+struct Machine {
+    store: Store,
+    cat: Arc<BucketCatalog>,
+}
+
+impl std::ops::Deref for Machine {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+fn machine(mem: &Arc<InMemory>, d: &TempDir, limit: Option<u64>, opts: RemoteOptions) -> Machine {
+    let p = open_with(bucket(mem), &d.0, limit, 16, 1 << 26, opts).unwrap();
+    let cat = p.catalog.clone();
+    Machine { store: Store::from_parts(p.root, p.index, p.objects, p.catalog, 1).unwrap(), cat }
 }
 
 fn load(s: &Store, name: &str) -> crate::store::Loaded {
@@ -41,7 +59,7 @@ fn saved_on_a_is_read_and_found_on_b() {
     let info = b.get("user", "").unwrap().unwrap();
     assert_eq!(info.manifest_id, r.manifest_id);
     assert_eq!(load(&b, "user").manifest.tokens, toks);
-    assert_eq!(b.remote().unwrap().cache.dir.list().unwrap().len(), 7); // manifest, skeleton, 5 blocks
+    assert_eq!(b.cat.cache.dir.list().unwrap().len(), 7); // manifest, skeleton, 5 blocks
     let hit = b.lookup(&toks[..70], "", &f).unwrap().unwrap();
     assert_eq!((hit.name.as_str(), hit.n_common), ("user", 70));
     assert_eq!(b.list(None).unwrap().len(), 1);
@@ -91,7 +109,7 @@ fn a_lost_race_keeps_the_other_manifest() {
     assert_eq!(info.manifest_id, rc.manifest_id);
     assert_eq!(info.displaced, vec![ra.manifest_id]);
     // The CAS itself: a write against a stale ETag is refused.
-    let bk = &b.remote().unwrap().bucket;
+    let bk = &b.cat.bucket;
     let (_, etag) = names::read(bk, "", "n").unwrap().unwrap();
     assert!(bk.put_if_match(&names::name_key("", "n"), "{}".into(), Some("\"nope\"")).unwrap().is_none());
     assert!(bk.put_if_match(&names::name_key("", "x"), "{}".into(), None).unwrap().is_some());
@@ -104,7 +122,7 @@ fn lock_protocol() {
     let mem = Arc::new(InMemory::new());
     let d = TempDir::new("lk");
     let s = machine(&mem, &d, None, quick());
-    let r = s.remote().unwrap().clone();
+    let r = s.cat.clone();
     // A save in flight (shared lock): gc waits, then refuses.
     let save = locks::shared(&r.bucket, Duration::from_secs(600), Duration::from_secs(1)).unwrap();
     let e = crate::gc::gc(&s, Duration::ZERO, false).unwrap_err();
@@ -148,7 +166,7 @@ fn gc_elsewhere_never_loses_a_later_save() {
     std::thread::sleep(Duration::from_millis(20));
     let g = crate::gc::gc(&b, Duration::ZERO, false).unwrap();
     assert_eq!(g.dead_objects, 4 + 2, "{g:?}");
-    assert_eq!(locks::generation(&b.remote().unwrap().bucket).unwrap().0, 1);
+    assert_eq!(locks::generation(&b.cat.bucket).unwrap().0, 1);
     // A saves the same state again: the new gc generation makes it re-check its cache and upload again.
     let r = put_synthetic(&a, "p", "", &toks, &f);
     assert_eq!(r.new_objects, 4 + 2, "{r:?}");
@@ -170,7 +188,7 @@ fn cache_is_bounded_and_rebuildable() {
     for k in 0..6 {
         put_synthetic(&a, &format!("s{k}"), "", &(k * 1000..k * 1000 + 64).collect::<Vec<_>>(), &f);
     }
-    let cache = &a.remote().unwrap().cache;
+    let cache = &a.cat.cache;
     assert!(cache.used() <= 1500, "{}", cache.used());
     assert!(cache.dir.list().unwrap().len() < 6 * 6);
     for k in 0..6 {
@@ -179,7 +197,7 @@ fn cache_is_bounded_and_rebuildable() {
     assert!(cache.used() <= 1500);
     // A machine with an empty cache rebuilds its index from the bucket.
     let b = machine(&mem, &db, None, quick());
-    let rep = sync::reindex(&b, b.remote().unwrap()).unwrap();
+    let rep = sync::reindex(&b.cat.mirror).unwrap();
     assert_eq!((rep.names, rep.updated, rep.manifests_fetched), (6, 6, 6));
     let r = b.index().read_txn().unwrap();
     assert_eq!(b.index().names_in(&r, None).unwrap().len(), 6);
@@ -187,21 +205,21 @@ fn cache_is_bounded_and_rebuildable() {
     let hit = b.lookup(&(3000..3064).collect::<Vec<_>>(), "", &f).unwrap().unwrap();
     assert_eq!(hit.name, "s3");
     // A second sync reads no record again (ETags unchanged).
-    let again = sync::sync(&b, b.remote().unwrap(), None).unwrap();
+    let again = sync::sync(&b.cat.mirror, None).unwrap();
     assert_eq!((again.updated, again.manifests_fetched), (0, 0));
     // A name whose manifest is gone still syncs; gc refuses and verify names it.
     let r6 = put_synthetic(&a, "broken", "", &(9000..9032).collect::<Vec<_>>(), &f);
-    a.remote().unwrap().objects.delete(&r6.manifest_id.parse().unwrap()).unwrap();
+    a.cat.objects.delete(&r6.manifest_id.parse().unwrap()).unwrap();
     let dd = TempDir::new("ld");
     let d = machine(&mem, &dd, None, quick());
-    assert_eq!(sync::sync(&d, d.remote().unwrap(), None).unwrap().names, 7);
+    assert_eq!(sync::sync(&d.cat.mirror, None).unwrap().names, 7);
     let e = crate::gc::gc(&d, Duration::ZERO, false).unwrap_err();
     assert!(e.to_string().contains("gc refused"), "{e}");
     let v = d.verify_where(crate::store::Where::Bucket, &mut |_, _| Ok(())).unwrap();
     assert_eq!(v.missing, vec![r6.manifest_id.clone()]);
     // The cache directory belongs to its bucket.
     let other = Bucket::new(mem.clone(), &url::parse("s3://test-bucket/other").unwrap()).unwrap();
-    let e = open_with(other, &db.0, None, 16, 1, 1 << 26, quick()).err().unwrap();
+    let e = open_with(other, &db.0, None, 16, 1 << 26, quick()).err().unwrap();
     assert!(e.to_string().contains("belongs to another store"), "{e}");
 }
 
@@ -210,7 +228,7 @@ fn a_dead_holder_on_this_machine_does_not_hold_gc_off() {
     let mem = Arc::new(InMemory::new());
     let d = TempDir::new("lkdead");
     let s = machine(&mem, &d, None, quick());
-    let r = s.remote().unwrap().clone();
+    let r = s.cat.clone();
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();

@@ -1,12 +1,12 @@
 //! `s3://BUCKET/PREFIX` → (bucket, prefix). The one parser of store locations that name a bucket.
 //!
-//! Contract: `is_remote(s)` tells a bucket location from a local path (an `s3://` scheme, nothing else);
+//! CONTRACT: `is_remote(s)` tells a bucket location from a local path (an `s3://` scheme, nothing else);
 //! `parse` accepts `s3://bucket` and `s3://bucket/some/prefix` (trailing slashes dropped), checks the bucket
 //! name against S3's rules (3..=63 chars of `a-z 0-9 . -`, starting and ending with a letter or digit) and
 //! the prefix's segments (no empty, `.` or `..` segment, no control characters), and refuses everything
 //! else with `RemoteError::BadUrl` saying what is wrong.
 
-use super::client::RemoteError;
+use super::error::RemoteError;
 
 pub const SCHEME: &str = "s3://";
 

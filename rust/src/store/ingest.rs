@@ -1,11 +1,11 @@
 //! Ingest: a slot file (or an already decomposed one) → objects, then one index transaction.
 //!
-//! Contract: validates name and namespace; refuses a file whose layout differs from a `layout` the caller
+//! CONTRACT: validates name and namespace; refuses a file whose layout differs from a `layout` the caller
 //! knows (empty slots excepted); writes skeleton, distinct blocks and manifest in one durable batch under the
-//! shared lock, then commits manifest, name, prefix and object rows in one LMDB transaction. A parent is
-//! lineage only: an unknown one is recorded as none. A bucket store uploads under the bucket's shared lock
-//! and commits the name in the bucket (compare-and-swap, `remote/names.rs`) before the index commit, so a
-//! reader never sees a name whose objects are not all in the bucket.
+//! catalog's save lock, has the catalog commit the name (where names live: a reader never sees a name whose
+//! objects are not all stored), then commits manifest, name, prefix and object rows in one LMDB transaction.
+//! A parent is lineage only: an unknown one is recorded as none. The report carries the state's layout, so
+//! a caller learning its server's layout needs no second read.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -17,13 +17,12 @@ use super::Store;
 use crate::error::Result;
 use crate::format::{self, Decomposed};
 use crate::id::{hex, ObjectId};
-use crate::index::{validate_name, HeedExt, NameRecord, ObjectRow};
+use crate::index::{validate_name, HeedExt, ObjectRow};
 use crate::manifest::{
     fingerprint_id, now_f64, now_secs, Fingerprint, Manifest, ManifestError, LAYOUT,
     MANIFEST_VERSION,
 };
 use crate::objects::Put;
-use crate::prefix::prefix_chain;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct IngestReport {
@@ -32,6 +31,8 @@ pub struct IngestReport {
     pub manifest_id: String,
     pub n_tokens: u64,
     pub file_bytes: u64,
+    /// The state's cache layout (`format::layout`), as `get` reports it.
+    pub layout: String,
     /// Block references in the state (repeats counted).
     pub blocks: usize,
     /// Objects (blocks, skeleton, manifest) written by this ingest.
@@ -140,7 +141,7 @@ impl Store {
         // Ids are distinct unless the skeleton or the manifest equals a block (only by hash collision).
         let mut seen_items = HashSet::with_capacity(items.len());
         items.retain(|x| seen_items.insert(x.0));
-        let _lock = self.save_lock()?;
+        let _lock = self.catalog.lock_save()?;
         let puts: HashMap<ObjectId, Put> =
             self.objects.put_many(&items, self.level)?.into_iter().map(|p| (p.id, p)).collect();
         let skeleton_put = puts[&skeleton_id];
@@ -167,28 +168,14 @@ impl Store {
             }
         }
 
-        // A bucket store: every object is in the bucket; now the name, by compare-and-swap.
-        let now = now_f64();
-        let mut record = NameRecord { manifest: mid, created: now, last_used: now, etag: None, displaced: Vec::new() };
-        if let Some(remote) = &self.remote {
-            let known = {
-                let r = ix.read_txn()?;
-                ix.names.get(&r, &(namespace, name)).ix(ix)?.map(|r| r.manifest)
-            };
-            let (rec, etag) = crate::remote::names::commit(&remote.bucket, namespace, name, mid, now, known)?;
-            record.etag = Some(etag);
-            record.displaced = rec.displaced;
-        }
+        // Every object is stored; now the name, where names live.
+        let record = self.catalog.commit_name(namespace, name, mid, now_f64())?;
 
         // One transaction: manifest, name, prefix and object rows.
-        let chain = prefix_chain(namespace, &fid, &d.tokens, self.block_size);
         let mut w = ix.write_txn()?;
         ix.manifests.put(&mut w, &mid, &json).ix(ix)?;
         ix.names.put(&mut w, &(namespace, name), &record).ix(ix)?;
-        for (k, h) in chain.iter().enumerate() {
-            let covered = ((k as u64 + 1) * self.block_size as u64).min(u32::MAX as u64) as u32;
-            ix.prefixes.put(&mut w, &(*h, mid), &covered).ix(ix)?;
-        }
+        ix.put_prefixes(&mut w, namespace, &fid, &d.tokens, self.block_size, mid)?;
         for (id, r, _) in &rows {
             ix.objects.put(&mut w, id, r).ix(ix)?;
         }
@@ -201,6 +188,7 @@ impl Store {
             manifest_id: mid.hex(),
             n_tokens: manifest.n_tokens,
             file_bytes,
+            layout: manifest.layout,
             blocks: ids.len(),
             new_objects,
             new_raw_bytes: new_raw,

@@ -1,9 +1,10 @@
 //! Lookup: the live state with the longest common token prefix (at least one block) with a query.
 //!
-//! Contract: only states of the same namespace and fingerprint id match (the prefix-key chain includes both);
+//! CONTRACT: only states of the same namespace and fingerprint id match (the prefix-key chain includes both);
 //! the deepest prefix key with a live manifest gives the candidates; the longest common prefix, then the
-//! newest, wins. Names removed since are skipped. A bucket store first syncs the namespace's names (at most
-//! once per `sync_interval`) and, on a miss, once more, so a state saved on another machine is found.
+//! newest, wins. Names removed since are skipped. Where names live elsewhere the catalog says when to sync
+//! the namespace first (`Freshness`: at most once per its interval) and a miss syncs once more, so a state
+//! saved on another machine is found.
 
 use std::collections::HashMap;
 
@@ -11,11 +12,12 @@ use heed::RoTxn;
 use serde::Serialize;
 
 use super::Store;
+use crate::catalog::Freshness;
 use crate::error::{Error, Result};
 use crate::id::ObjectId;
 use crate::index::validate_name;
 use crate::manifest::{fingerprint_id, Fingerprint};
-use crate::prefix::{common_prefix, prefix_chain};
+use crate::prefix_keys::{common_prefix, prefix_chain};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct LookupHit {
@@ -41,18 +43,20 @@ impl Store {
     /// The live state with the longest common token prefix (at least one block) with `tokens`.
     pub fn lookup(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint) -> Result<Option<LookupHit>> {
         validate_name(namespace, "namespace")?;
-        let Some(remote) = &self.remote else { return self.lookup_local(tokens, namespace, fingerprint) };
-        let mut synced = false;
-        if !remote.synced_within(Some(namespace), remote.opts.sync_interval) {
-            self.sync_quietly(Some(namespace))?;
-            synced = true;
+        match self.catalog.freshness(namespace) {
+            Freshness::Authoritative => self.lookup_local(tokens, namespace, fingerprint),
+            Freshness::Due => {
+                self.sync_quietly(Some(namespace))?;
+                self.lookup_local(tokens, namespace, fingerprint)
+            }
+            Freshness::Recent => match self.lookup_local(tokens, namespace, fingerprint)? {
+                Some(hit) => Ok(Some(hit)),
+                None => {
+                    self.sync_quietly(Some(namespace))?;
+                    self.lookup_local(tokens, namespace, fingerprint)
+                }
+            },
         }
-        let hit = self.lookup_local(tokens, namespace, fingerprint)?;
-        if hit.is_some() || synced {
-            return Ok(hit);
-        }
-        self.sync_quietly(Some(namespace))?;
-        self.lookup_local(tokens, namespace, fingerprint)
     }
 
     /// `lookup` over the index as it is.

@@ -1,50 +1,48 @@
-//! The store: one `Store` owns the object store, the index and the lock; each operation is its own file.
+//! The store: one `Store` over two seams, `objects::Backend` (where objects live) and `catalog::Catalog`
+//! (names, locks, sync); each operation is its own file, written once for every backend and catalog.
 //!
 //! | file | operation |
 //! |---|---|
 //! | `ingest.rs` | a slot file → objects + one index commit |
 //! | `materialize.rs` | load, rebuild, materialize (objects → a byte-exact slot file) |
 //! | `lookup.rs` | longest stored token prefix |
-//! | `prefix.rs` | a stored state cut at any P (SWA window rows lent by related states) |
-//! | `catalog.rs` | get, tokens, list, remove, touch |
+//! | `cut.rs` | a stored state cut at any P (SWA window rows lent by related states) |
+//! | `states.rs` | the named states: get, tokens, list, remove, touch |
 //! | `stats.rs` | sizes and ratios |
 //! | `verify.rs` | re-hash every object, name the states hit |
 //!
-//! gc is `crate::gc` (plan, then execute). Order (docs/design.md "Concurrency and crash safety"): objects are
-//! durable before the one LMDB write transaction that commits manifest, name, prefix and object rows. Ingest
-//! holds a shared flock on `<store>/lock` from its first object write to its commit; gc sweeps under the
-//! exclusive lock. This file: open, locks, and the reads every operation shares (names → manifests).
-//! A bucket store (`crate::remote`) is the same `Store` with `remote` set: objects go through the cached
-//! bucket backend, names are read from the bucket (falling back to the index when it is unreachable), a save
-//! takes the bucket's shared lock and commits its name there (compare-and-swap) before its index commit.
+//! CONTRACT (docs/design.md "Concurrency and crash safety"): objects are durable before the one LMDB write
+//! transaction that commits manifest, name, prefix and object rows; a save holds the catalog's save lock
+//! from its first object write to that commit, and the catalog commits the name (elsewhere, if names live
+//! elsewhere) before it. gc is `crate::gc` (plan, then execute, under the catalog's gc lock). This file:
+//! open, and the reads every operation shares (names → manifests, the live set).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::catalog::{Catalog, LocalCatalog, LockFile, SyncReport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::id::ObjectId;
 use crate::index::{validate_name, HeedExt, Index, NameRecord};
 use crate::manifest::Manifest;
 use crate::objects::{ObjectError, ObjectStore};
-use crate::remote::Remote;
 
-mod catalog;
+mod states;
 mod ingest;
 mod lookup;
 mod materialize;
-mod prefix;
+mod cut;
 mod stats;
 mod verify;
 
-pub use catalog::StateInfo;
+pub use states::StateInfo;
 pub use ingest::IngestReport;
 pub use lookup::LookupHit;
 pub use materialize::{Loaded, MaterializeReport};
-pub use prefix::{PrefixOptions, PrefixReport};
+pub use cut::{PrefixOptions, PrefixReport};
 pub use stats::Stats;
 pub use verify::{VerifyReport, Where};
 
@@ -59,8 +57,7 @@ pub struct Store {
     level: i32,
     pub(crate) index: Arc<Index>,
     pub(crate) objects: ObjectStore,
-    lock_path: PathBuf,
-    pub(crate) remote: Option<Arc<Remote>>,
+    pub(crate) catalog: Arc<dyn Catalog>,
 }
 
 /// Refuse a block size or zstd level out of range.
@@ -101,36 +98,36 @@ fn label(t: &Target) -> String {
 }
 
 impl Store {
-    /// Open or create a store at `path`. `block_size` is recorded at creation; reopening uses the recorded
-    /// value whatever is passed (see [`Store::block_size`]).
+    /// Open or create a local store at `path` (objects in `objects/`, names in the index, `flock`s on `lock`).
+    /// `block_size` is recorded at creation; reopening uses the recorded value whatever is passed (see
+    /// [`Store::block_size`]).
     pub fn open(path: &Path, block_size: u32, level: i32, map_size: usize) -> Result<Store> {
         check_params(block_size, level)?;
         std::fs::create_dir_all(path).map_err(|e| Error::io(path, e))?;
         let root = path.canonicalize().map_err(|e| Error::io(path, e))?;
         let objects = ObjectStore::local(root.join("objects"))?;
-        Store::assemble(root, objects, block_size, level, map_size, None)
-    }
-
-    /// A store over `objects` with its index and lock under `root` (a local store's directory, or a bucket
-    /// store's cache directory).
-    pub(crate) fn assemble(
-        root: PathBuf,
-        objects: ObjectStore,
-        block_size: u32,
-        level: i32,
-        map_size: usize,
-        remote: Option<Arc<Remote>>,
-    ) -> Result<Store> {
         let index = Index::open(&root.join("index"), map_size.max(1 << 20), block_size)?;
-        let block_size = index.block_size()?;
-        let lock_path = root.join("lock");
-        File::options().create(true).append(true).open(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
-        Ok(Store { root, block_size, level, index, objects, lock_path, remote })
+        let catalog = LocalCatalog::new(index.clone(), LockFile::new(root.join("lock"))?);
+        Store::from_parts(root, index, objects, Arc::new(catalog), level)
     }
 
-    /// The bucket behind this store, if it is a bucket store.
-    pub fn remote(&self) -> Option<&Arc<Remote>> {
-        self.remote.as_ref()
+    /// A store over any backend and catalog, with its index under `root` (a local store's directory, or the
+    /// cache directory of a store kept elsewhere). The block size is the index's.
+    pub fn from_parts(
+        root: PathBuf,
+        index: Arc<Index>,
+        objects: ObjectStore,
+        catalog: Arc<dyn Catalog>,
+        level: i32,
+    ) -> Result<Store> {
+        let block_size = index.block_size()?;
+        check_params(block_size, level)?;
+        Ok(Store { root, block_size, level, index, objects, catalog })
+    }
+
+    /// The catalog seam: where names live, locks, sync.
+    pub fn catalog(&self) -> &dyn Catalog {
+        &*self.catalog
     }
 
     pub fn path(&self) -> &Path {
@@ -149,22 +146,32 @@ impl Store {
         &self.objects
     }
 
-    fn lock_file(&self) -> Result<File> {
-        File::options().create(true).append(true).open(&self.lock_path).map_err(|e| Error::io(&self.lock_path, e))
+    /// Bring the index up to date with the names kept elsewhere (one namespace, or all); refused for a store
+    /// whose index is its catalog.
+    pub fn sync(&self, namespace: Option<&str>) -> Result<SyncReport> {
+        if let Some(ns) = namespace {
+            validate_name(ns, "namespace")?;
+        }
+        self.catalog.sync(namespace)?.ok_or_else(|| self.kept_here("sync"))
     }
 
-    /// Shared flock on `<store>/lock` (ingest); released when the file is dropped.
-    pub fn lock_shared(&self) -> Result<File> {
-        let f = self.lock_file()?;
-        f.lock_shared().map_err(|e| Error::io(&self.lock_path, e))?;
-        Ok(f)
+    /// Rebuild the index from the names kept elsewhere; refused for a store whose index is its catalog.
+    pub fn reindex(&self) -> Result<SyncReport> {
+        self.catalog.reindex()?.ok_or_else(|| self.kept_here("reindex"))
     }
 
-    /// Exclusive flock on `<store>/lock` (gc sweep).
-    pub fn lock_exclusive(&self) -> Result<File> {
-        let f = self.lock_file()?;
-        f.lock().map_err(|e| Error::io(&self.lock_path, e))?;
-        Ok(f)
+    fn kept_here(&self, what: &str) -> Error {
+        Error::Invalid(format!("{what} is for a bucket store (s3://...); {} is local", self.root.display()))
+    }
+
+    /// `sync` where names live elsewhere; an unreachable place leaves the index as it is (reads serve what
+    /// this machine knows). Nothing for a store whose index is its catalog.
+    pub(crate) fn sync_quietly(&self, namespace: Option<&str>) -> Result<()> {
+        match self.catalog.sync(namespace) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::RemoteUnavailable => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The manifest with this id: from the index, else from its object.
@@ -180,18 +187,9 @@ impl Store {
         }
     }
 
-    fn name_record(&self, r: &heed::RoTxn, namespace: &str, name: &str) -> Result<Option<(NameRecord, ObjectId)>> {
-        let ix = &*self.index;
-        let local = ix.names.get(r, &(namespace, name)).ix(ix)?;
-        if let Some(remote) = &self.remote {
-            if let Some(row) = crate::remote::sync::read_name(self, remote, namespace, name, local.as_ref())? {
-                return Ok(row.map(|rec| {
-                    let id = rec.manifest;
-                    (rec, id)
-                }));
-            }
-        }
-        Ok(local.map(|rec| {
+    /// A name's record, from the catalog (where names live).
+    fn name_record(&self, namespace: &str, name: &str) -> Result<Option<(NameRecord, ObjectId)>> {
+        Ok(self.catalog.name(namespace, name)?.map(|rec| {
             let id = rec.manifest;
             (rec, id)
         }))
@@ -203,7 +201,7 @@ impl Store {
             Target::Name { namespace, name } => {
                 validate_name(name, "name")?;
                 validate_name(namespace, "namespace")?;
-                self.name_record(&r, namespace, name)?
+                self.name_record(namespace, name)?
                     .ok_or_else(|| Error::NameNotFound { namespace: namespace.into(), name: name.into() })?
                     .1
             }

@@ -1,4 +1,8 @@
 //! Stats: names, manifests, objects and the dedup/compression ratios, from the index alone (no object reads).
+//!
+//! CONTRACT: syncs the names first (quietly: an unreachable place leaves the index as it is); sizes are the
+//! index's object rows (this machine's saves); a layered backend adds what its primary copy and its cache
+//! hold (`Backend::usage`; the primary's counts are None when it could not be listed).
 
 use std::collections::HashMap;
 
@@ -63,9 +67,7 @@ impl Store {
             sizes.insert(id, n);
             logical += n;
         }
-        let bucket = self.remote.as_ref().and_then(|r| r.objects.list_meta().ok()).map(|l| {
-            (l.len() as u64, l.iter().map(|(_, m)| m.size).sum::<u64>())
-        });
+        let usage = self.objects.backend().usage();
         let (mut objects, mut raw, mut stored) = (0u64, 0u64, 0u64);
         for kv in ix.objects.iter(&r).ix(ix)? {
             let (_, row) = kv.ix(ix)?;
@@ -84,10 +86,10 @@ impl Store {
             compression_ratio: ratio(raw, stored),
             total_ratio: ratio(logical, stored),
             block_size: self.block_size,
-            bucket_objects: bucket.map(|b| b.0),
-            bucket_bytes: bucket.map(|b| b.1),
-            cache_bytes: self.remote.as_ref().map(|r| r.cache.used()),
-            cache_limit: self.remote.as_ref().and_then(|r| r.cache.limit()),
+            bucket_objects: usage.primary.map(|b| b.0),
+            bucket_bytes: usage.primary.map(|b| b.1),
+            cache_bytes: usage.cache.map(|c| c.0),
+            cache_limit: usage.cache.and_then(|c| c.1),
         })
     }
 }

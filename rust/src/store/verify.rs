@@ -1,6 +1,10 @@
 //! Verify: re-hash every object file; report corrupt ones, objects live states need but lack, and the names
-//! they hit. Read-only apart from quarantine (a corrupt object found is moved aside, like any read does).
-//! A bucket store checks the bucket, its local cache, or both (`Where`); objects a cache lacks are not missing.
+//! they hit.
+//!
+//! CONTRACT: read-only apart from quarantine (a corrupt object found is moved aside, like any read does).
+//! Names are synced first. A layered backend (`Backend::layers`: a cache in front of where objects live) is
+//! checked in its primary copy, its cache, or both (`Where`); objects a cache lacks are not missing. A
+//! single copy takes `Where::Both` only.
 
 use std::collections::HashSet;
 
@@ -11,7 +15,7 @@ use super::{NameRef, Store};
 use crate::error::Result;
 use crate::id::ObjectId;
 use crate::error::Error;
-use crate::objects::{LocalDir, ObjectError, ObjectStore};
+use crate::objects::{ObjectError, ObjectStore};
 
 /// Which copies `verify` checks (a local store has one: `Both`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,26 +54,21 @@ impl Store {
 
     /// `verify` of the bucket's copies, the cache's, or both (bucket stores; a local store takes `Both` only).
     pub fn verify_where(&self, place: Where, progress: &mut dyn FnMut(usize, usize) -> Result<()>) -> Result<VerifyReport> {
-        let Some(remote) = &self.remote else {
+        let Some(layers) = self.objects.backend().layers() else {
             if place != Where::Both {
                 return Err(Error::Invalid("a local store has no bucket or cache to choose: verify checks its objects".into()));
             }
+            self.catalog.sync(None)?;
             return self.verify_objects(&self.objects, true, progress);
         };
-        crate::remote::sync::sync(self, remote, None)?;
-        let cache = |progress: &mut dyn FnMut(usize, usize) -> Result<()>| -> Result<VerifyReport> {
-            let dir = LocalDir::new(remote.cache.dir.root().to_path_buf())?;
-            self.verify_objects(&ObjectStore::new(Box::new(dir)), false, progress)
-        };
-        let bucket = |progress: &mut dyn FnMut(usize, usize) -> Result<()>| {
-            self.verify_objects(&ObjectStore::new(Box::new(remote.objects.clone())), true, progress)
-        };
+        self.catalog.sync(None)?;
+        let (cache, primary) = (ObjectStore::new(layers.cache), ObjectStore::new(layers.primary));
         match place {
-            Where::Cache => cache(progress),
-            Where::Bucket => bucket(progress),
+            Where::Cache => self.verify_objects(&cache, false, progress),
+            Where::Bucket => self.verify_objects(&primary, true, progress),
             Where::Both => {
-                let c = cache(progress)?;
-                let mut b = bucket(progress)?;
+                let c = self.verify_objects(&cache, false, progress)?;
+                let mut b = self.verify_objects(&primary, true, progress)?;
                 b.objects_checked += c.objects_checked;
                 for id in c.corrupt {
                     if !b.corrupt.contains(&id) {

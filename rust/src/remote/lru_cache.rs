@@ -1,7 +1,7 @@
 //! The local object cache of a bucket store.
 //!
-//! Contract: the cache is a `LocalDir` under `<cache>/objects`, bounded by `limit` bytes (None: unbounded):
-//! when it grows past the bound the least recently used files (mtime, refreshed on every hit by `Cached`) go
+//! CONTRACT: the cache is a `LocalDir` under `<cache>/objects`, bounded by `limit` bytes (None: unbounded):
+//! when it grows past the bound the least recently used files (mtime, refreshed on every hit by `CachedBackend`) go
 //! until it is under 90% of it. Dedup may trust "cached ⇒ in the bucket" (`trusted`) only after `revalidate`
 //! for the bucket's current gc generation: a gc on another machine bumps the generation, and the next save
 //! here lists the bucket once and drops cached objects the gc deleted.
@@ -16,7 +16,7 @@ use std::time::SystemTime;
 use crate::id::ObjectId;
 use crate::objects::{Backend, LocalDir, ObjectError};
 
-pub struct Cache {
+pub struct LruCache {
     pub dir: LocalDir,
     limit: Option<u64>,
     used: AtomicU64,
@@ -25,10 +25,10 @@ pub struct Cache {
     pub(super) trusted: AtomicBool,
 }
 
-impl Cache {
-    pub fn open(root: PathBuf, limit: Option<u64>) -> Result<Cache, ObjectError> {
+impl LruCache {
+    pub fn open(root: PathBuf, limit: Option<u64>) -> Result<LruCache, ObjectError> {
         let dir = LocalDir::volatile(root.join("objects"))?;
-        let cache = Cache {
+        let cache = LruCache {
             dir,
             limit,
             used: AtomicU64::new(0),
@@ -127,7 +127,8 @@ impl Cache {
                     dropped += 1;
                 }
             }
-            crate::objects::atomic::atomic_write(&self.gen_path, ".gen.tmp", gen.to_string().as_bytes(), false, || {
+            let temp = crate::objects::atomic::TempName { prefix: ".gen", suffix: ".tmp" };
+            crate::objects::atomic::atomic_write(&self.gen_path, temp, gen.to_string().as_bytes(), false, || {
                 Ok::<(), ObjectError>(())
             })?;
         }

@@ -1,5 +1,5 @@
 //! Prefix states from the store: the first P tokens of a stored state, as a slot file that llama-server
-//! resumes at exactly P (format/prefix.rs), for any P.
+//! resumes at exactly P (format/cut.rs), for any P.
 //!
 //! CONTRACT: `materialize_prefix(target, n_tokens, out_path, expect, opts)` loads the state (checking `expect`
 //! like `materialize`), and emits its prefix. The SWA window rows before P come from the state itself (body or
@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 use crate::format::{self, Prefix, PrefixSpec, StateRef};
 use crate::id::ObjectId;
 use crate::manifest::{fingerprint_id, Fingerprint};
-use crate::objects::atomic::{atomic_write, random_suffix};
-use crate::prefix::prefix_chain;
+use crate::objects::atomic::{atomic_write, FILE_TEMP};
+use crate::prefix_keys::prefix_chain;
 
 use super::{Loaded, Store, Target};
 
@@ -142,7 +142,7 @@ impl Store {
         let who = |state: usize| if state == 0 { mid.clone() } else { lenders[state - 1].manifest_id.hex() };
         let origins = origins.into_iter().map(|o| (who(o.state), o.checkpoint, o.positions.start, o.positions.end)).collect();
         // Not durable: the file is handed to llama-server and removed, like a non-durable materialize.
-        atomic_write(out_path, &format!(".{}.tmp", random_suffix()), &bytes, false, || Ok::<(), Error>(()))?;
+        atomic_write(out_path, FILE_TEMP, &bytes, false, || Ok::<(), Error>(()))?;
         Ok(PrefixReport::Written {
             manifest_id: mid.clone(),
             n_tokens,

@@ -1,6 +1,9 @@
-//! The prefix-key chain (docs/design.md "Prefix keys"): one 32-byte key per full block of tokens, chained so
-//! that key k names the whole token prefix [0, kB) in a namespace under a fingerprint id. Lookup walks a
-//! query's chain; ingest records each key with its manifest. Changing anything here breaks every stored key.
+//! The prefix-key chain (docs/design.md "Prefix keys") and the common prefix of two token lists.
+//!
+//! CONTRACT: one 32-byte key per full block of tokens, chained so that key k names the whole token prefix
+//! [0, kB) in a namespace under a fingerprint id: `h0 = blake3(PREFIX_DOMAIN ‖ namespace ‖ \0 ‖ fingerprint
+//! id)`, `h(k+1) = blake3(h(k) ‖ block k as i32le)`. Lookup walks a query's chain; ingest and sync record each
+//! key with its manifest (`Index::put_prefixes`). Changing anything here breaks every stored key.
 
 /// Domain separator of the prefix-key chain.
 pub const PREFIX_DOMAIN: &[u8] = b"kvstore-prefix-v1";

@@ -30,7 +30,7 @@ use super::checkpoint::{cut_words, write_cut_appendix, write_section, CutCheckpo
 use super::model::tokens_from_words;
 use super::reader::PutLe;
 use super::rows::{Indexed, SecRows, StateRows};
-use super::{parse, FormatError, MAGIC, VERSION};
+use super::{head, parse, FormatError, MAGIC, VERSION};
 
 /// A decomposed state: its skeleton and the blocks it references, in reference order.
 #[derive(Clone, Copy)]
@@ -156,7 +156,7 @@ pub fn emit_prefix(base: StateRef<'_>, extras: &[StateRef<'_>], spec: &PrefixSpe
         }
         for q in window.clone() {
             let hit = cands.iter().find(|c| {
-                q < c.limit && c.rows.has(q) && c.check.map_or(true, |of| same_full_rows(of, full, q))
+                q < c.limit && c.rows.has(q) && c.check.is_none_or(|of| same_full_rows(of, full, q))
             });
             match hit {
                 Some(c) => {
@@ -199,7 +199,7 @@ pub fn emit_prefix(base: StateRef<'_>, extras: &[StateRef<'_>], spec: &PrefixSpe
         };
         write_section(&mut out, s_stream, s_cell, swa, body_picks);
         // Keep the saving build's blob magic and slot id when the base has a checkpoint to copy them from.
-        let (io_magic, seq_id) = b.checkpoints.first().map_or((parse::IO_MAGIC, 0), |c| (c.io_magic, c.seq_id));
+        let (io_magic, seq_id) = b.checkpoints.first().map_or((head::IO_MAGIC, 0), |c| (c.io_magic, c.seq_id));
         let ck = CutCheckpoint {
             n_tokens: p as u32, window_start: window.start, io_magic, seq_id,
             n_stream: s_stream, cell_stream: s_cell, shape: swa, picks: &picks,

@@ -1,7 +1,7 @@
 //! `BucketObjects`, the `Backend` of objects in a bucket: `<prefix>/objects/<2 hex>/<64 hex>`, the same KVOB
 //! bytes as a local store's files.
 //!
-//! Contract: a put is a create-if-absent (If-None-Match: *), so an object that exists is never rewritten
+//! CONTRACT: a put is a create-if-absent (If-None-Match: *), so an object that exists is never rewritten
 //! (content addressing makes the existing bytes the same ones); a PUT is atomic on S3, so there are no temp
 //! files. `put_files` encodes on rayon's threads and then uploads concurrently (16 requests in flight); all
 //! are durable in the bucket when it returns. `touch` cannot refresh a bucket's LastModified: it is a HEAD,
@@ -15,9 +15,9 @@ use bytes::Bytes;
 use rayon::prelude::*;
 
 use super::client::{Bucket, Meta};
+use super::keys::{object_key, unique_suffix};
 use crate::id::ObjectId;
-use crate::objects::atomic::random_suffix;
-use crate::objects::{Backend, ObjectError};
+use crate::objects::{Backend, ObjectError, Stamped};
 
 /// Requests in flight for a batch of uploads or downloads.
 pub const PARALLEL: usize = 16;
@@ -25,11 +25,6 @@ pub const PARALLEL: usize = 16;
 #[derive(Clone)]
 pub struct BucketObjects {
     pub(crate) bucket: Arc<Bucket>,
-}
-
-pub fn object_key(id: &ObjectId) -> String {
-    let h = id.hex();
-    format!("objects/{}/{h}", &h[..2])
 }
 
 impl BucketObjects {
@@ -107,6 +102,16 @@ impl Backend for BucketObjects {
         Ok(self.list_meta()?.into_iter().map(|(id, _)| id).collect())
     }
 
+    fn list_stamped(&self) -> Result<Vec<Stamped>, ObjectError> {
+        Ok(self.list_meta()?.into_iter().map(|(id, m)| (id, m.modified, m.size)).collect())
+    }
+
+    fn delete_many(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
+        let b = &*self.bucket;
+        b.run_all(ids.to_vec(), PARALLEL, |id| async move { b.delete_async(&object_key(&id)).await })?;
+        Ok(())
+    }
+
     fn delete(&self, id: &ObjectId) -> Result<u64, ObjectError> {
         let key = object_key(id);
         let Some(m) = self.bucket.head(&key)? else { return Ok(0) };
@@ -133,7 +138,7 @@ impl Backend for BucketObjects {
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError> {
         let key = object_key(id);
         let Some((bytes, _)) = self.bucket.get(&key)? else { return Ok(()) };
-        self.bucket.put(&format!("quarantine/{}.{}", id.hex(), random_suffix()), bytes)?;
+        self.bucket.put(&format!("quarantine/{}.{}", id.hex(), unique_suffix()), bytes)?;
         self.bucket.delete(&key)?;
         Ok(())
     }

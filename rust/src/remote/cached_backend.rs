@@ -1,6 +1,6 @@
-//! `Cached`, the `Backend` of a bucket store: the bucket behind the local cache (`cache.rs`).
+//! `CachedBackend`, the `Backend` of a bucket store: the bucket behind the local cache (`lru_cache.rs`).
 //!
-//! Contract: reads try the cache, then the bucket; bytes fetched from the bucket are kept only after they
+//! CONTRACT: reads try the cache, then the bucket; bytes fetched from the bucket are kept only after they
 //! passed the hash check (`verified`), or by `prefetch` (parallel; a bad copy is caught and dropped at its
 //! read). A put goes to the bucket first, then to the cache, so a cached object was in the bucket. Dedup
 //! (`touch`) trusts the cache once it was revalidated, else asks the bucket (HEAD). A corrupt copy is
@@ -11,10 +11,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::backend::BucketObjects;
-use super::cache::Cache;
+use super::bucket_objects::BucketObjects;
+use super::lru_cache::LruCache;
 use crate::id::ObjectId;
-use crate::objects::{Backend, ObjectError};
+use crate::objects::{Backend, Layers, LocalDir, ObjectError, Stamped, Usage};
 
 thread_local! {
     /// The object the last `get_into` on this thread fetched from the bucket (kept once verified).
@@ -22,12 +22,12 @@ thread_local! {
 }
 
 /// A bucket behind the local cache.
-pub struct Cached {
-    pub cache: Arc<Cache>,
+pub struct CachedBackend {
+    pub cache: Arc<LruCache>,
     pub bucket: BucketObjects,
 }
 
-impl Backend for Cached {
+impl Backend for CachedBackend {
     fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError> {
         self.bucket.put_file(id, encoded)?;
         self.cache.keep(id, encoded);
@@ -104,6 +104,33 @@ impl Backend for Cached {
         let n = self.bucket.delete(id)?;
         self.cache.forget(id);
         Ok(n)
+    }
+
+    /// gc: the bucket's deletes run concurrently, then the cache forgets them.
+    fn delete_many(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
+        self.bucket.delete_many(ids)?;
+        for id in ids {
+            self.cache.forget(id);
+        }
+        Ok(())
+    }
+
+    /// gc's listing: the bucket's, one request per 1000 objects (LastModified is the bucket's clock).
+    fn list_stamped(&self) -> Result<Vec<Stamped>, ObjectError> {
+        self.bucket.list_stamped()
+    }
+
+    /// verify: the cached copies (a directory of its own, so a corrupt one is quarantined there) and the
+    /// bucket's.
+    fn layers(&self) -> Option<Layers> {
+        let cache = LocalDir::new(self.cache.dir.root().to_path_buf()).ok()?;
+        Some(Layers { cache: Box::new(cache), primary: Box::new(self.bucket.clone()) })
+    }
+
+    /// stats: the bucket's objects (None when it cannot be listed just now) and the cache's bytes and bound.
+    fn usage(&self) -> Usage {
+        let primary = self.bucket.list_meta().ok().map(|l| (l.len() as u64, l.iter().map(|(_, m)| m.size).sum::<u64>()));
+        Usage { primary, cache: Some((self.cache.used(), self.cache.limit())) }
     }
 
     fn mtime(&self, id: &ObjectId) -> Result<Option<(SystemTime, u64)>, ObjectError> {

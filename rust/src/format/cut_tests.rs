@@ -1,17 +1,13 @@
-//! Tests of `emit_prefix` on the real slot files in `$KVSTORE_STATE_DIR` (tests/make_states.py): every
-//! emitted file is re-parsed and each of its rows compared with the row at the same position of its source.
+//! Tests of `emit_prefix` on the real slot files in `$KVSTORE_STATE_DIR` (tests/make_states.py).
+//!
+//! CONTRACT: test code only; every emitted file is re-parsed and each of its rows compared with the row at the
+//! same position of its source. All need those files: ignored by a plain `cargo test`, run (and failing
+//! without them) by `./dev test`.
 
 use super::model::{Cells, SlotFile, Tgt, VLayout};
 use super::*;
 
-fn real(name: &str) -> Option<Vec<u8>> {
-    let Ok(dir) = std::env::var("KVSTORE_STATE_DIR") else {
-        assert!(std::env::var_os("CI").is_none(), "CI must set KVSTORE_STATE_DIR (./dev test does)");
-        return None;
-    };
-    let p = std::path::Path::new(&dir).join(name);
-    Some(std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-}
+use crate::testutil::state_file as real;
 
 struct Dec(Decomposed);
 
@@ -97,9 +93,10 @@ fn check_cut(src: &[u8], out: &[u8], p: i32, n_swa: i32) {
 }
 
 #[test]
+#[ignore = "needs real slot files: ./dev test"]
 fn cuts_of_real_files_hold_the_source_rows() {
     for name in ["gemma3_parent.bin", "gemma3_child.bin", "gemma3_fa_off.bin", "gemma3_q8.bin", "smollm2_parent.bin", "smollm2_fa_off.bin"] {
-        let Some(f) = real(name) else { return };
+        let f = real(name);
         let d = Dec::of(&f);
         let n = d.0.tokens.len() as u32;
         let mut ps: Vec<u32> = [1, 2, 31, 32, 33, n / 2, n - 1, n].into_iter().filter(|&p| p >= 1 && p <= n).collect();
@@ -118,8 +115,9 @@ fn cuts_of_real_files_hold_the_source_rows() {
 }
 
 #[test]
+#[ignore = "needs real slot files: ./dev test"]
 fn missing_window_rows_are_reported_and_found_in_a_related_state() {
-    let (Some(parent), Some(child)) = (real("gemma3_parent.bin"), real("gemma3_child.bin")) else { return };
+    let (parent, child) = (real("gemma3_parent.bin"), real("gemma3_child.bin"));
     let dp = Dec::of(&parent);
     // A 300-token cut with a 32-token window holds SWA rows [268, 300) only (body and its one checkpoint).
     let (cut, _, _) = file_of(emit(&dp, &[], 300, 32));
@@ -136,7 +134,7 @@ fn missing_window_rows_are_reported_and_found_in_a_related_state() {
         check_cut(&parent, &bytes, 200, 32);
     }
     // A state whose tokens differ before the window lends nothing.
-    let other = real("gemma3_fa_on.bin").unwrap();
+    let other = real("gemma3_fa_on.bin");
     match emit(&dc, &[&Dec::of(&other)], 200, 32) {
         Prefix::Missing { missing } => assert_eq!(missing, vec![168..200]),
         Prefix::File { .. } => panic!("an unrelated state must not lend rows"),
@@ -144,8 +142,9 @@ fn missing_window_rows_are_reported_and_found_in_a_related_state() {
 }
 
 #[test]
+#[ignore = "needs real slot files: ./dev test"]
 fn bad_requests_are_errors() {
-    let Some(f) = real("gemma3_parent.bin") else { return };
+    let f = real("gemma3_parent.bin");
     let d = Dec::of(&f);
     let bb = d.blocks();
     let base = StateRef { skeleton: &d.0.skeleton, blocks: &bb };
@@ -166,8 +165,9 @@ fn bad_requests_are_errors() {
 }
 
 #[test]
+#[ignore = "needs real slot files: ./dev test"]
 fn fill_masked_keeps_the_fresh_cell_layout() {
-    let Some(f) = real("gemma3_parent.bin") else { return };
+    let f = real("gemma3_parent.bin");
     let d = Dec::of(&f);
     let bb = d.blocks();
     let base = StateRef { skeleton: &d.0.skeleton, blocks: &bb };

@@ -1,6 +1,9 @@
-//! The catalog of names: get, tokens, list, remove, touch. Removing a name leaves its objects to gc.
-//! A bucket store reads a name's record from the bucket (`get`), syncs before `list`, removes the bucket's
-//! record first; `last_used` (`touch`) is this machine's own (the bucket keeps no per-read writes).
+//! The named states: get, tokens, list, remove, touch. Removing a name leaves its objects to gc.
+//!
+//! CONTRACT: `get` reads the name's record from the catalog (where names live: one read elsewhere, mirrored
+//! into the index); `list` syncs first; `remove` forgets the name in the catalog, then its index row;
+//! `last_used` (`touch`) is this machine's own (a catalog elsewhere keeps no per-read writes), and a name
+//! this index does not know yet is synced first (saved on another machine since the last sync).
 
 use serde::Serialize;
 
@@ -52,7 +55,7 @@ impl Store {
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
         let r = self.index.read_txn()?;
-        match self.name_record(&r, namespace, name)? {
+        match self.name_record(namespace, name)? {
             None => Ok(None),
             Some((rec, _)) => self.info(&r, namespace, name, rec).map(Some),
         }
@@ -79,15 +82,12 @@ impl Store {
     pub fn remove(&self, name: &str, namespace: &str) -> Result<bool> {
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
-        let in_bucket = match &self.remote {
-            Some(r) => crate::remote::names::remove(&r.bucket, namespace, name)?,
-            None => false,
-        };
+        let elsewhere = self.catalog.remove_name(namespace, name)?;
         let ix = &*self.index;
         let mut w = ix.write_txn()?;
         let existed = ix.names.delete(&mut w, &(namespace, name)).ix(ix)?;
         w.commit().ix(ix)?;
-        Ok(existed || in_bucket)
+        Ok(existed || elsewhere)
     }
 
     /// Set a name's last_used to now.
@@ -99,7 +99,7 @@ impl Store {
             let r = ix.read_txn()?;
             ix.names.get(&r, &(namespace, name)).ix(ix)?.is_some()
         };
-        if self.remote.is_some() && !known {
+        if !known {
             self.sync_quietly(Some(namespace))?; // saved on another machine since the last sync
         }
         let mut w = ix.write_txn()?;
@@ -112,17 +112,6 @@ impl Store {
         ix.names.put(&mut w, &(namespace, name), &rec).ix(ix)?;
         w.commit().ix(ix)?;
         Ok(())
-    }
-
-    /// Bucket stores: sync the names of `namespace` (None: all) into the index; an unreachable bucket leaves
-    /// the index as it is (reads serve what this machine knows). Local stores: nothing.
-    pub(crate) fn sync_quietly(&self, namespace: Option<&str>) -> Result<()> {
-        let Some(remote) = &self.remote else { return Ok(()) };
-        match crate::remote::sync::sync(self, remote, namespace) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == crate::error::ErrorKind::RemoteUnavailable => Ok(()),
-            Err(e) => Err(e),
-        }
     }
 }
 
@@ -154,6 +143,7 @@ mod tests {
 
         let info = s.get("q1", "").unwrap().unwrap();
         assert_eq!(info.n_tokens, 140);
+        assert_eq!(c.layout, info.layout); // the report says what `get` would, with no second read
         assert_eq!(info.parent.as_deref(), Some(a.manifest_id.as_str()));
         assert_eq!(s.tokens("q1", "").unwrap(), child);
         assert!(s.get("nope", "").unwrap().is_none());
