@@ -122,6 +122,18 @@ class Client:
         return llama.tokens_of(await self.ok("POST", llama.TOKENIZE, llama.tokenize_request(prompt)))
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM). Not getrusage's ru_maxrss: Linux keeps that across execve,
+    so a command started from a big process (a test runner) would report its parent's peak."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def prefix_name(prefix: Prefix) -> str:
     """A stable name for a shared prefix (a rerun primes the same one again): its tokens' hash."""
     return "batch-" + hashlib.blake2b(prefix.tokens.tobytes(), digest_size=10).hexdigest()
@@ -277,5 +289,5 @@ async def run(cfg: BatchConfig) -> Summary:
         planner.close()
         out.close()
         summary.wall_s = time.perf_counter() - t0
-        summary.peak_rss_mib = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        summary.peak_rss_mib = peak_rss_mib()
     return summary

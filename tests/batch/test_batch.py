@@ -151,7 +151,8 @@ def test_bad_lines_are_answered_with_errors_and_the_batch_goes_on(tmp_path, smol
 
 def test_100k_lines_plan_in_bounded_memory(tmp_path):
     """A dry run (plan only) of 100,000 requests, 1,000 articles x 100 questions as token ids (so no tokenize
-    calls are needed): the peak RSS stays small and the plan finds one prefix per article."""
+    calls are needed): the peak RSS (VmHWM of the command's own process) stays small and the plan finds one prefix
+    per article."""
     store = tmp_path / "store"
     srv = engine("smollm2", store, parallel=1, ctx=2048)
     with stack(srv):
@@ -174,4 +175,6 @@ def test_100k_lines_plan_in_bounded_memory(tmp_path):
         print(f"100k lines ({size_mib:.0f} MiB of JSON, {s['prompt_tokens']} prompt tokens): peak RSS "
               f"{s['peak_rss_mib']} MiB, {s['wall_s']} s")
         assert s["requests"] == 100_000 and s["prefixes"] == 1000 and s["ideal"] is None
-        assert s["peak_rss_mib"] < size_mib, "memory stays well below the input's size"
+        # What grows with the input is a small record per request (offsets, the plan's order): not its prompts,
+        # which stay in the input file and a spool file on disk. Measured: ~100 MiB, ~40 of it the interpreter.
+        assert s["peak_rss_mib"] < 200, s
