@@ -3,6 +3,7 @@ whose request timed out keeps its owner's cells hidden and erased before anyone 
 from __future__ import annotations
 
 import secrets
+import time
 
 from hooks_support import engine, get, hooks, intro, post, stack
 
@@ -33,6 +34,12 @@ def test_a_timed_out_slot_stays_its_owners(tmp_path):
         assert saved.status == 403, (saved.status, saved.body[:300])
         names_b = get(u, "/kvstore/states", B).json["states"]
         assert names_b == [], names_b
+        # llama-server may still be generating A's abandoned reply; B's request must not hit the 2 s bound
+        # waiting for that slot, so wait until llama-server (asked directly, with its own key) is idle.
+        deadline = time.monotonic() + 300
+        while any(sl.get("is_processing") for sl in get(srv.url, "/slots", {"Authorization": f"Bearer {up_key}"}).json):
+            assert time.monotonic() < deadline, "llama-server still busy with the abandoned request"
+            time.sleep(0.2)
         # B's prompt begins exactly like A's: llama-server would reuse every common cell if they were still there.
         r = post(u, "/completion", {"prompt": secret[:100], "n_predict": 1}, B)
         assert r.status == 200, r.body[:300]
