@@ -6,8 +6,9 @@ llama-server (until then every request is a 503 with Retry-After, and `/health` 
 fingerprint and builds the slot table. Background: the idle saver; the upstream watch (a restarted llama-server
 empties its slots: the table then forgets what it believed resident; the sync directory is swept of files that are
 not ours); the liveness probe of llama-server's /health on a client of its own (`Upstream.watch_liveness`: a stalled
-llama-server is a 504 for waiting requests, a 503 for new ones). On the way out every dirty slot is saved. Requests go to `handlers.py`; errors become replies in
-`middleware.py`; what to restore or save is decided in `broker.py`. Wire protocol: docs/hooks.md.
+llama-server is a 504 for waiting requests, a 503 for new ones). On the way out every dirty slot is saved. Requests
+go to `handlers.py`; errors become replies in `middleware.py`; what to restore or save is decided in `broker.py`.
+Wire protocol: docs/hooks.md.
 """
 from __future__ import annotations
 

@@ -152,6 +152,36 @@ def test_stalled_upstream_is_504_in_seconds_then_503_and_recovers(tmp_path):
         assert get(hk.url, "/kvstore/stats").json["counters"].get("upstream_restarts", 0) == 0
 
 
+def test_a_stream_started_before_a_stall_is_cut(tmp_path):
+    """A streamed reply under way when llama-server is SIGSTOPped: the connection is closed within the stall
+    timeout (the idle timeout stays at 120 s), the slot is released and no longer claims the name."""
+    store = tmp_path / "store"
+    up = External(store, tmp_path / "llama.log")
+    with stack(up), hooks(up.url, store, upstream_stall_timeout=3) as hk:
+        host, port = hk.url.split("//")[1].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request("POST", "/completion", body=json.dumps({
+                "prompt": intro(4), "n_predict": 1000, "ignore_eos": True, "stream": True, "temperature": 0,
+                "cache_prompt_name": "streamed"}), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert resp.status == 200
+            assert resp.fp.read1(64)  # the first chunk arrived
+            up.stop()
+            t0 = time.monotonic()
+            while resp.fp.read1(65536):  # what was under way, then the end: the hooks closed the connection
+                assert time.monotonic() - t0 < 30
+            took = time.monotonic() - t0
+        finally:
+            up.cont()
+            conn.close()
+        assert took < 15, took
+        stats = get(hk.url, "/kvstore/stats").json
+        assert stats["counters"].get("upstream_stalls") == 1, stats["counters"]
+        assert not any(s["busy"] for s in stats["slots"]) and "streamed" not in slot_names(hk.url), stats["slots"]
+        wait_until_served(hk.url, "Hello")
+
+
 def test_a_long_alive_evaluation_is_not_cut_by_the_stall_probe(tmp_path):
     """llama-server answers /health from its HTTP threads while its main loop evaluates: a request whose evaluation
     takes several times the stall timeout (3 s here) is served whole, and no stall is seen. (Were /health blocked by
