@@ -78,6 +78,9 @@ def add_serve_args(sp) -> None:
                          "comes when it is complete; default 600)")
     sp.add_argument("--upstream-idle-timeout", type=float, default=120.0, metavar="SECONDS",
                     help="cut a reply when llama-server sends no chunk this long (default 120)")
+    sp.add_argument("--upstream-stall-timeout", type=float, default=10.0, metavar="SECONDS",
+                    help="llama-server answering no /health probe this long is stalled (frozen): 504 for waiting "
+                         "requests, 503 for new ones until it answers (default 10; 0: no probe)")
     t = sp.add_argument_group("tenants (docs/hooks.md; without keys the server is single-tenant)")
     t.add_argument("--api-key", action="append", metavar="KEY",
                    help="a key clients must send (Authorization: Bearer KEY); its namespace is key-<hash> (repeatable)")

@@ -5,8 +5,10 @@ the store, clears the sync directory and returns at once: the server listens whi
 llama-server (until then every request is a 503 with Retry-After, and `/health` says why), then reads its
 fingerprint and builds the slot table. Background: the idle saver; the upstream watch (a restarted llama-server
 empties its slots: the table then forgets what it believed resident; the sync directory is swept of files that are
-not ours). On the way out every dirty slot is saved. Requests go to `handlers.py`; errors become replies in
-`middleware.py`; what to restore or save is decided in `broker.py`. Wire protocol: docs/hooks.md.
+not ours); the liveness probe of llama-server's /health on a client of its own (`Upstream.watch_liveness`: a stalled
+llama-server is a 504 for waiting requests, a 503 for new ones). On the way out every dirty slot is saved. Requests
+go to `handlers.py`; errors become replies in `middleware.py`; what to restore or save is decided in `broker.py`.
+Wire protocol: docs/hooks.md.
 """
 from __future__ import annotations
 
@@ -67,14 +69,17 @@ class Hooks:
         """aiohttp cleanup context: one httpx client and the store now, llama-server when it answers (in the
         background); save everything on the way out."""
         session = upstream_client(KEEPALIVE)
+        probe = upstream_client(KEEPALIVE, connections=1)  # the side connection of the liveness probe
         try:
             up = Upstream(self.cfg.upstream, session, first_byte=self.cfg.upstream_timeout,
                           idle=self.cfg.upstream_idle_timeout, on_error=self._check.set,
-                          api_key=self.cfg.upstream_api_key, strip_client_key=self.cfg.tenancy.enabled)
+                          api_key=self.cfg.upstream_api_key, strip_client_key=self.cfg.tenancy.enabled,
+                          stall=self.cfg.upstream_stall_timeout,
+                          on_stall=lambda: self.metrics.inc("upstream_stalls"))
             store = await AsyncStore.open(self.location)
             store.on_remote_failure = lambda: self.metrics.inc("remote_failures")
             self.sync.sweep()  # nothing of ours is in use yet: everything there is left over
-            self._tasks.append(asyncio.create_task(self._connect(up, store)))
+            self._tasks.append(asyncio.create_task(self._connect(up, store, probe)))
             yield
         finally:
             for t in self._tasks:
@@ -89,6 +94,7 @@ class Hooks:
                 except Exception as e:  # noqa: BLE001 - report, still close
                     log.error("hooks: saving slots on shutdown failed: %s", e)
             await session.aclose()
+            await probe.aclose()
 
     async def wait_ready(self, timeout: float) -> None:
         """Until llama-server has answered and the slot table is built (tests, embedding); raises if connecting
@@ -105,16 +111,17 @@ class Hooks:
                 raise failed
             raise UpstreamError(f"not ready after {timeout:.0f} s: {self.waiting_for}")
 
-    async def _connect(self, up: Upstream, store: AsyncStore) -> None:
+    async def _connect(self, up: Upstream, store: AsyncStore, probe) -> None:
         try:
-            await self._connect_once(up, store)
+            await self._connect_once(up, store, probe)
         except Exception as e:  # noqa: BLE001 - reported by /health and the 503s, and logged
             self.waiting_for = f"start-up failed: {e}"
             log.error("hooks: %s", self.waiting_for)
             raise
 
-    async def _connect_once(self, up: Upstream, store: AsyncStore) -> None:
-        """Wait for llama-server (as long as it takes; SIGTERM cancels), then build the slot table and go ready."""
+    async def _connect_once(self, up: Upstream, store: AsyncStore, probe) -> None:
+        """Wait for llama-server (as long as it takes; SIGTERM cancels), then build the slot table and go ready;
+        `probe`: the liveness probe's own client."""
         first = True
         while True:
             try:
@@ -142,6 +149,8 @@ class Hooks:
         if self.cfg.idle_save > 0:
             self._tasks.append(asyncio.create_task(self._idle_loop(wired)))
         self._tasks.append(asyncio.create_task(self._watch_loop(wired)))
+        if self.cfg.upstream_stall_timeout > 0:
+            self._tasks.append(asyncio.create_task(up.watch_liveness(probe)))
         self.ready.set()
         log.info("hooks: upstream %s, %d slots, store %s, fingerprint %s", up.url, n_slots, self.cfg.store, fp)
         self._log_tenancy(props)
@@ -204,7 +213,7 @@ class Hooks:
         new process whose slots are empty. Unreachable: unknown (False), checked again."""
         try:
             slots = await up.call("GET", llama.SLOTS, timeout=10)
-        except (UpstreamError, UpstreamReply) as e:
+        except (UpstreamError, UpstreamReply, Unavailable) as e:  # Unavailable: stalled, checked once it answers
             log.debug("hooks: restart check: %s", e)
             return False
         restarted = False

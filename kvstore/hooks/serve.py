@@ -175,6 +175,7 @@ def configure(args):
         cfg = HooksConfig(upstream=upstream, store=loc, name_from_user=args.name_from_user,
                           idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra,
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
+                          upstream_stall_timeout=args.upstream_stall_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,
                           swa_cells=engine_swa_cells(engine))
     except BaseException:

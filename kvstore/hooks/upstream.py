@@ -4,10 +4,17 @@ Contract: a transport over `kvstore.llama` (request shapes, tokenize semantics):
 `kvstore.llama_client.LlamaServer`, raising `UpstreamError` (unreachable: 502) or `UpstreamReply` (an error status, passed
 on). `forward` streams a client's request and llama-server's reply chunk by chunk (SSE is never buffered). httpx is
 the client library of both sides (the sync client too); aiohttp serves.
+
+Liveness (`watch_liveness`): llama-server's `/health` is probed every PROBE_PERIOD s on a side connection (its HTTP
+threads answer it without waiting for the main loop, so a busy server answers). When no probe has been answered for
+`stall` s the upstream is stalled (frozen, e.g. SIGSTOPped): every wait on it (`call`, `forward`'s first byte and
+chunks) ends at once with an `UpstreamTimeout` saying so, and new calls raise `Unavailable` (503) until a probe is
+answered again.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any, Callable, Optional
@@ -17,7 +24,7 @@ from aiohttp import web
 
 from kvstore import llama
 
-from .errors import UpstreamError, UpstreamReply, UpstreamTimeout
+from .errors import Unavailable, UpstreamError, UpstreamReply, UpstreamTimeout
 
 log = logging.getLogger("kvstore.hooks")
 
@@ -47,6 +54,10 @@ KEEPALIVE = 2.0
 # whole generation is done, so the first-byte bound is generous; the idle bound is the longest gap between chunks.
 FIRST_BYTE_TIMEOUT = 600.0
 IDLE_TIMEOUT = 120.0
+# Default of --upstream-stall-timeout: seconds without an answered /health probe before llama-server is called
+# stalled; probes are sent this often (a probe waits at most until the stall deadline, and PROBE_PERIOD s at least).
+STALL_TIMEOUT = 10.0
+PROBE_PERIOD = 1.0
 CUT = "kvstore.reply_cut"  # request key: the UpstreamError that cut a reply whose headers were already sent
 # Request bodies up to this size are read before forwarding, so they can be sent again on a stale connection.
 REPLAYABLE_BODY = 1 << 20
@@ -57,33 +68,110 @@ def reply_headers(headers: httpx.Headers) -> dict[str, str]:
     return {k: v for k, v in pairs if k.lower() not in HOP_BY_HOP}
 
 
-def client(keepalive: float = KEEPALIVE) -> httpx.AsyncClient:
-    """The one client a hooks server shares: no overall time limit (the calls set theirs), 30 s to connect, idle
-    connections dropped after `keepalive` s, no environment proxies, replies passed on undecoded."""
+def client(keepalive: float = KEEPALIVE, connections: int = 100) -> httpx.AsyncClient:
+    """The one client a hooks server shares (and the liveness probe's own, with one connection): no overall time
+    limit (the calls set theirs), 30 s to connect, idle connections dropped after `keepalive` s, no environment
+    proxies, replies passed on undecoded."""
     return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), trust_env=False,
-                             limits=httpx.Limits(max_connections=100, max_keepalive_connections=100,
+                             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
                                                  keepalive_expiry=keepalive))
+
+
+class _Wait:
+    """One bounded wait on llama-server (an `asyncio.timeout`), which a stall ends early (`stalled` then says so)."""
+
+    __slots__ = ("deadline", "stalled")
+
+    def __init__(self, deadline: asyncio.Timeout):
+        self.deadline, self.stalled = deadline, False
 
 
 class Upstream:
     def __init__(self, url: str, session: httpx.AsyncClient, *, first_byte: float = FIRST_BYTE_TIMEOUT,
                  idle: float = IDLE_TIMEOUT, on_error: Optional[Callable[[], None]] = None, api_key: Optional[str] = None,
-                 strip_client_key: bool = False):
+                 strip_client_key: bool = False, stall: float = STALL_TIMEOUT,
+                 on_stall: Optional[Callable[[], None]] = None):
         """api_key: llama-server's own --api-key, sent on every call in place of the client's. strip_client_key:
-        never pass a client's Authorization on (with tenant keys it is kvstore's key, not llama-server's)."""
+        never pass a client's Authorization on (with tenant keys it is kvstore's key, not llama-server's).
+        stall: seconds without an answered /health probe that make llama-server stalled (`watch_liveness`)."""
         self.url = url.rstrip("/")
         self.session = session
         self.first_byte, self.idle = first_byte, idle
         self.on_error = on_error  # called (no arguments) after a connection error: a restarted server is checked
         self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.strip_client_key = strip_client_key or bool(api_key)
+        self.stall = stall
+        self.on_stall = on_stall  # called (no arguments) when llama-server becomes stalled
+        self.stalled = False  # no /health probe answered for `stall` s; cleared by the next answer
+        self.probes_answered = 0
+        self._waits: set[_Wait] = set()
+
+    @contextlib.contextmanager
+    def _waiting(self, deadline: asyncio.Timeout):
+        """Register a wait on llama-server for the liveness watch to end if llama-server stalls; refused (503)
+        while it is stalled."""
+        self._gate()
+        wait = _Wait(deadline)
+        self._waits.add(wait)
+        try:
+            yield wait
+        finally:
+            self._waits.discard(wait)
+
+    def _gate(self) -> None:
+        if self.stalled:
+            raise Unavailable(f"llama-server at {self.url} answered no /health probe for {self.stall:g} s "
+                              f"(frozen?); retry when it answers")
+
+    async def watch_liveness(self, probe: httpx.AsyncClient, period: float = PROBE_PERIOD) -> None:
+        """Probe llama-server's /health on `probe` (a client of its own, so a probe never waits behind requests for
+        a connection) every `period` s, forever. Any HTTP answer counts (a loading server's 503 too). No answer for
+        `stall` s: stalled, and every registered wait ends now; the next answer clears it."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            try:
+                async with asyncio.timeout(max(period, last + self.stall - loop.time())):
+                    r = await probe.get(self.url + llama.HEALTH, headers=self.auth)
+                    await r.aclose()
+                answered = True
+            except (TimeoutError, httpx.HTTPError, OSError) as e:
+                log.debug("hooks: /health probe of %s: %s", self.url, e or type(e).__name__)
+                answered = False
+            now = loop.time()
+            if answered:
+                last = now
+                self.probes_answered += 1
+                if self.stalled:
+                    self.stalled = False
+                    log.warning("hooks: llama-server at %s answers /health again: serving", self.url)
+            elif not self.stalled and now - last >= self.stall:
+                self._stalled(now - last)
+            await asyncio.sleep(period)
+
+    def _stalled(self, silent: float) -> None:
+        self.stalled = True
+        waits = list(self._waits)
+        log.error("hooks: llama-server at %s answered no /health probe for %.1f s (frozen?): %d waiting request(s) "
+                  "get 504, new ones 503 until it answers", self.url, silent, len(waits))
+        if self.on_stall is not None:
+            self.on_stall()
+        now = asyncio.get_running_loop().time()
+        for wait in waits:
+            if not wait.deadline.expired():
+                wait.stalled = True
+                wait.deadline.reschedule(now)
 
     def _unreachable(self, e: BaseException) -> UpstreamError:
         if self.on_error is not None:
             self.on_error()
         return UpstreamError(f"llama-server at {self.url} unreachable: {e or type(e).__name__}")
 
-    def _timeout(self, path: str, what: str, seconds: float) -> UpstreamTimeout:
+    def _timeout(self, path: str, what: str, seconds: float, wait: Optional[_Wait] = None) -> UpstreamTimeout:
+        if wait is not None and wait.stalled:
+            return UpstreamTimeout(f"llama-server at {self.url} answered no /health probe for {self.stall:g} s "
+                                   f"while {path} waited for {what} (frozen?); the slot's state is unknown and was "
+                                   f"released")
         return UpstreamTimeout(f"llama-server at {self.url} sent {what} of {path} within {seconds:g} s "
                                f"(frozen or overloaded?); the slot's state is unknown and was released")
 
@@ -91,16 +179,18 @@ class Upstream:
         """A small JSON call; raises UpstreamError (unreachable), UpstreamTimeout (no complete reply within
         `timeout`, default the first-byte timeout) or UpstreamReply (error status)."""
         limit = self.first_byte if timeout is None else timeout
+        wait = None
         try:
-            async with asyncio.timeout(limit):
-                r = await self._send(self.session.build_request(method, self.url + path, headers=self.auth,
-                                                                json=body), replayable=True)
-                try:
-                    data = await r.aread()
-                finally:
-                    await r.aclose()
+            async with asyncio.timeout(limit) as deadline:
+                with self._waiting(deadline) as wait:
+                    r = await self._send(self.session.build_request(method, self.url + path, headers=self.auth,
+                                                                    json=body), replayable=True)
+                    try:
+                        data = await r.aread()
+                    finally:
+                        await r.aclose()
         except TimeoutError as e:
-            raise self._timeout(path, "no reply", limit) from e
+            raise self._timeout(path, "no reply", limit, wait) from e
         except (httpx.HTTPError, OSError) as e:
             raise self._unreachable(e) from e
         if r.status_code >= 400:
@@ -178,11 +268,13 @@ class Upstream:
         data: Any = body if body is not None else (request.content.iter_any() if streamed else None)
         req = self.session.build_request(request.method, self.url + path, params=list(request.query.items()),
                                          headers=headers, content=data)
+        wait = None
         try:
-            async with asyncio.timeout(self.first_byte):
-                upstream = await self._send(req, replayable=not streamed)
+            async with asyncio.timeout(self.first_byte) as deadline:
+                with self._waiting(deadline) as wait:
+                    upstream = await self._send(req, replayable=not streamed)
         except TimeoutError as e:
-            raise self._timeout(path, "no reply", self.first_byte) from e
+            raise self._timeout(path, "no reply", self.first_byte, wait) from e
         except (httpx.HTTPError, OSError) as e:
             raise self._unreachable(e) from e
         try:
@@ -194,13 +286,17 @@ class Upstream:
                 await resp.prepare(request)
                 chunks = upstream.aiter_raw().__aiter__()  # as sent: a compressed body stays compressed
                 while True:
+                    wait = None
                     try:
-                        async with asyncio.timeout(self.idle):
-                            chunk = await chunks.__anext__()
+                        async with asyncio.timeout(self.idle) as deadline:
+                            with self._waiting(deadline) as wait:
+                                chunk = await chunks.__anext__()
                     except StopAsyncIteration:
                         break
                     except TimeoutError:
-                        return self._cut(request, resp, self._timeout(path, "no further chunk", self.idle))
+                        return self._cut(request, resp, self._timeout(path, "no further chunk", self.idle, wait))
+                    except Unavailable as e:  # stalled between two chunks: cut like a stall within one
+                        return self._cut(request, resp, UpstreamTimeout(str(e)))
                     except (httpx.HTTPError, OSError) as e:
                         return self._cut(request, resp, self._unreachable(e))
                     if tee is not None:

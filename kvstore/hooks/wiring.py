@@ -17,7 +17,7 @@ from .broker import Broker
 from .slots import SlotTable
 from .store import AsyncStore
 from .transfer import Transfer
-from .upstream import FIRST_BYTE_TIMEOUT, IDLE_TIMEOUT, Upstream
+from .upstream import FIRST_BYTE_TIMEOUT, IDLE_TIMEOUT, STALL_TIMEOUT, Upstream
 
 
 @dataclass
@@ -32,6 +32,9 @@ class HooksConfig:
     fingerprint_extra: dict = field(default_factory=dict)  # added to the server fingerprint (e.g. swa_full)
     upstream_timeout: float = FIRST_BYTE_TIMEOUT  # seconds to a reply's first byte (a non-streamed reply: all of it)
     upstream_idle_timeout: float = IDLE_TIMEOUT  # seconds between two chunks of a reply
+    # seconds without an answered /health probe: llama-server is stalled (504 for waiting requests, 503 for new
+    # ones until it answers); <= 0: no probe
+    upstream_stall_timeout: float = STALL_TIMEOUT
     watch_period: float = 2.0  # seconds between checks for a restarted llama-server (also after connection errors)
     sync_sweep: float = 60.0  # a foreign file in the sync dir is removed once this old (checked this often)
     tenancy: Tenancy = field(default_factory=Tenancy)  # API keys -> namespaces; none: single-tenant

@@ -70,7 +70,9 @@ def test_frozen_upstream_answers_504_and_releases_the_slot(tmp_path):
     claims the name (its state is unknown); after SIGCONT the next request is served."""
     store = tmp_path / "store"
     up = External(store, tmp_path / "llama.log")
-    with stack(up), hooks(up.url, store, upstream_timeout=5, upstream_idle_timeout=5) as hk:
+    # the stall probe is kept out of the way (60 s): this test is about the first-byte timeout
+    with stack(up), hooks(up.url, store, upstream_timeout=5, upstream_idle_timeout=5,
+                          upstream_stall_timeout=60) as hk:
         assert hk.hooks.wired.up.first_byte == 5
         hk.hooks.wired.up.first_byte = 300  # a loaded machine may take longer than 5 s for a real evaluation
         prompt = intro(0) + "User: Hi\nAssistant:"
@@ -97,6 +99,108 @@ def test_frozen_upstream_answers_504_and_releases_the_slot(tmp_path):
             time.sleep(0.2)
         r = complete(hk.url, prompt + " Hello", name="frozen", n_predict=2)
         assert r.kind == "miss", r.kind  # evaluated again, not "slot"
+
+
+def wait_until_served(url: str, prompt: str, seconds: float = 60) -> None:
+    """Until the hooks answer 200 to a short request again (each try has its own timeout)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        r = request(url + "/completion", "POST", {"prompt": prompt, "n_predict": 1}, timeout=60)
+        if r.status == 200:
+            return
+        assert r.status == 503, (r.status, r.body[:300])  # stalled until a /health probe is answered
+        assert time.monotonic() < deadline, r.body[:300]
+        time.sleep(0.5)
+
+
+def test_stalled_upstream_is_504_in_seconds_then_503_and_recovers(tmp_path):
+    """SIGSTOP llama-server with the first-byte timeout at its 600 s default: the /health probe goes unanswered, so
+    the waiting named request gets a 504 within 15 s (the default 10 s stall timeout) saying so, its slot no longer
+    claims the name, a new request gets 503 + Retry-After while it is stopped, and after SIGCONT the same server
+    answers 200 again without a restart."""
+    store = tmp_path / "store"
+    up = External(store, tmp_path / "llama.log")
+    with stack(up), hooks(up.url, store) as hk:
+        assert (hk.hooks.wired.up.first_byte, hk.hooks.wired.up.stall) == (600, 10)
+        prompt = intro(3) + "User: Hi\nAssistant:"
+        assert complete(hk.url, prompt, name="stalled", n_predict=2).kind == "miss"
+        assert "stalled" in slot_names(hk.url)
+        up.stop()
+        try:
+            t0 = time.monotonic()
+            r = request(hk.url + "/completion", "POST", {"prompt": prompt + " Hello", "n_predict": 2,
+                                                         "cache_prompt_name": "stalled"}, timeout=60)
+            took = time.monotonic() - t0
+            assert r.status == 504, (r.status, r.body[:300])
+            assert "answered no /health probe for 10 s" in r.json["error"]["message"], r.json
+            assert took < 15, took
+            assert "stalled" not in slot_names(hk.url)  # never saved under the name: what the slot holds is unknown
+            stats = get(hk.url, "/kvstore/stats").json
+            assert stats["queue_length"] == 0 and stats["counters"].get("upstream_stalls") == 1, stats["counters"]
+            assert not any(s["busy"] for s in stats["slots"]), stats["slots"]
+            r = request(hk.url + "/completion", "POST", {"prompt": "Hello", "n_predict": 1}, timeout=30)
+            assert r.status == 503 and r.headers.get("Retry-After"), (r.status, r.body[:300])
+            assert "/health probe" in r.json["error"]["message"], r.json
+            h = request(hk.url + "/health", timeout=30)  # a load balancer's check sees it too
+            assert h.status == 503, (h.status, h.body[:300])
+        finally:
+            up.cont()
+        wait_until_served(hk.url, "Hello")
+        assert up.proc.poll() is None  # the same llama-server process
+        r = complete(hk.url, prompt + " Hello", name="stalled", n_predict=2)
+        assert r.kind == "miss", r.kind  # evaluated again, not "slot"
+        assert get(hk.url, "/kvstore/stats").json["counters"].get("upstream_restarts", 0) == 0
+
+
+def test_a_stream_started_before_a_stall_is_cut(tmp_path):
+    """A streamed reply under way when llama-server is SIGSTOPped: the connection is closed within the stall
+    timeout (the idle timeout stays at 120 s), the slot is released and no longer claims the name."""
+    store = tmp_path / "store"
+    up = External(store, tmp_path / "llama.log")
+    with stack(up), hooks(up.url, store, upstream_stall_timeout=3) as hk:
+        host, port = hk.url.split("//")[1].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request("POST", "/completion", body=json.dumps({
+                "prompt": intro(4), "n_predict": 1000, "ignore_eos": True, "stream": True, "temperature": 0,
+                "cache_prompt_name": "streamed"}), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert resp.status == 200
+            assert resp.fp.read1(64)  # the first chunk arrived
+            up.stop()
+            t0 = time.monotonic()
+            while resp.fp.read1(65536):  # what was under way, then the end: the hooks closed the connection
+                assert time.monotonic() - t0 < 30
+            took = time.monotonic() - t0
+        finally:
+            up.cont()
+            conn.close()
+        assert took < 15, took
+        stats = get(hk.url, "/kvstore/stats").json
+        assert stats["counters"].get("upstream_stalls") == 1, stats["counters"]
+        assert not any(s["busy"] for s in stats["slots"]) and "streamed" not in slot_names(hk.url), stats["slots"]
+        wait_until_served(hk.url, "Hello")
+
+
+def test_a_long_alive_evaluation_is_not_cut_by_the_stall_probe(tmp_path):
+    """llama-server answers /health from its HTTP threads while its main loop evaluates: a request whose evaluation
+    takes several times the stall timeout (3 s here) is served whole, and no stall is seen. (Were /health blocked by
+    the main loop, this request would get a 504.)"""
+    store = tmp_path / "store"
+    up = External(store, tmp_path / "llama.log")
+    stall = 3.0
+    with stack(up), hooks(up.url, store, upstream_stall_timeout=stall) as hk:
+        text = " ".join(intro(i % 5) for i in range(12))  # ~900 tokens of prompt, then a long generation
+        body = {"prompt": text, "n_predict": 1000, "ignore_eos": True, "temperature": 0,
+                "cache_prompt_name": "long"}
+        answered = hk.hooks.wired.up.probes_answered
+        r = request(hk.url + "/completion", "POST", body, timeout=600)
+        assert r.status == 200, (r.status, r.body[:300])
+        t = r.json["timings"]
+        spent = (t["prompt_ms"] + t["predicted_ms"]) / 1000  # llama-server's own measure of its work
+        assert spent > 2 * stall, f"evaluation took {spent:.1f} s: too short to show anything; make it longer"
+        assert hk.hooks.wired.up.probes_answered - answered >= spent / 2  # probes were answered meanwhile
+        assert get(hk.url, "/kvstore/stats").json["counters"].get("upstream_stalls", 0) == 0
 
 
 def test_restarted_upstream_is_detected_and_names_restored(tmp_path):
@@ -344,7 +448,7 @@ def test_upstream_timeout_flags(tmp_path):
     from kvstore.cli import build_parser
 
     a = build_parser().parse_args(["serve", "--upstream", "http://x", "--upstream-timeout", "5",
-                                   "--upstream-idle-timeout", "7"])
-    assert (a.upstream_timeout, a.upstream_idle_timeout) == (5.0, 7.0)
+                                   "--upstream-idle-timeout", "7", "--upstream-stall-timeout", "3"])
+    assert (a.upstream_timeout, a.upstream_idle_timeout, a.upstream_stall_timeout) == (5.0, 7.0, 3.0)
     d = build_parser().parse_args(["serve"])
-    assert d.upstream_timeout >= 300 and d.upstream_idle_timeout >= 60
+    assert d.upstream_timeout >= 300 and d.upstream_idle_timeout >= 60 and d.upstream_stall_timeout == 10
