@@ -11,7 +11,6 @@ from typing import Optional, Protocol, Union
 from aiohttp import web
 
 from kvstore import page
-from kvstore.errors import error_message
 
 from . import naming as nm
 from .broker import Once
@@ -127,12 +126,7 @@ class Handlers:
     async def stats(self, request: web.Request) -> web.Response:
         """Store totals and counters for everyone; a slot of another namespace shows only its id and whether busy."""
         h, w, c = self.h, self.h.wired, caller(request)
-        try:
-            store = await w.store.stats()
-        except Exception as e:  # an S3 store's bucket unreachable: the slots and counters still matter
-            if not remote_unavailable(e):
-                raise
-            store = {"unavailable": error_message(e)}
+        store = await w.store.stats_or_unavailable()  # the bucket unreachable: the slots and counters still matter
         slots = w.table.as_list(c.viewer)
         return web.json_response(jsonable({
             "upstream": w.up.url if c.admin else None,  # a tenant needs not know where llama-server listens

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from kvstore.errors import error_message
+
 from .errors import remote_unavailable
 
 
@@ -89,8 +91,30 @@ class AsyncStore:
     async def stats(self) -> dict:
         return await self._call(self.core.stats)
 
+    async def stats_or_unavailable(self) -> dict:
+        """`stats()` plus `"unavailable": message` while an S3 store's bucket is unreachable: what /kvstore/stats
+        and the status page show, so both degrade the same way. The core's stats degrade by themselves (the
+        index's sizes, `bucket_objects` None when the bucket could not be listed); only then is the bucket asked
+        once more, by a sync, for the error that says why (bounded by the core's timeout, as every call is)."""
+        try:
+            stats = dict(await self.stats())
+        except Exception as e:
+            if not remote_unavailable(e):
+                raise
+            return {"unavailable": error_message(e)}
+        if self.remote and stats.get("bucket_objects") is None:
+            try:
+                await self.sync(None)
+            except Exception as e:
+                if not remote_unavailable(e):
+                    raise
+                stats["unavailable"] = error_message(e)
+        return stats
+
     async def snapshot(self, namespace: Optional[str]) -> dict:
-        """The status page's store part (`kvstore.page.store_snapshot`), one namespace or (None) all."""
+        """The status page's store part (`kvstore.page.store_snapshot`), one namespace or (None) all; with the
+        bucket unreachable, the names the local index holds and `stats` {"unavailable": message}."""
         from kvstore.page import store_snapshot
 
-        return await self._call(store_snapshot, self.core, namespace)
+        stats = await self.stats_or_unavailable()
+        return await self._call(store_snapshot, self.core, namespace, stats=stats)

@@ -1,6 +1,6 @@
 """The store part of a page snapshot, from a `kvstore.Store` (the compiled core's `list` and `stats`).
 
-Contract: `store_snapshot(store, namespace=None) -> dict` (shape in kvstore/page/__init__.py). `namespace`
+Contract: `store_snapshot(store, namespace=None, *, stats=None) -> dict` (shape in kvstore/page/__init__.py). `namespace`
 None lists every namespace (the operator's view); a string lists only that namespace, so a tenant's page never
 names another tenant's states. Blocking (it reads the index): the hooks call it in a worker thread.
 
@@ -14,7 +14,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 
-def store_snapshot(store: Any, namespace: Optional[str] = None) -> dict[str, Any]:
+def store_snapshot(store: Any, namespace: Optional[str] = None, *,
+                   stats: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """`stats`: `store.stats()` read already by the caller (the hooks pass {"unavailable": message} while an S3
+    store's bucket is unreachable); None reads it here."""
     items = [dict(x) for x in store.list(namespace=namespace)]
     by_id: dict[str, dict] = {}
     for x in items:
@@ -40,7 +43,7 @@ def store_snapshot(store: Any, namespace: Optional[str] = None) -> dict[str, Any
     return {
         "path": str(getattr(store, "path", "")),
         "scope": namespace,
-        "stats": dict(store.stats()),
+        "stats": dict(store.stats() if stats is None else stats),
         "namespaces": [{"namespace": ns, "names": names, "n_tokens": sum(n["n_tokens"] for n in names),
                         "file_bytes": sum(n["file_bytes"] for n in names)} for ns, names in sorted(namespaces.items())],
     }

@@ -1,7 +1,8 @@
 """The store section of the page: sizes and ratios, names per namespace, and the lineage drawn as a tree.
 
 Contract: `store_section(snap)` returns one `<section id="store">` as `Markup` from an autoescaped template, from
-`snap["store"]` (the dict `store_snapshot` builds; "" when absent). The lineage tree is nested `<ul class="tree">`
+`snap["store"]` (the dict `store_snapshot` builds; "" when absent). Stats with "unavailable": message (an S3
+store's bucket unreachable) put a notice with that message first. The lineage tree is nested `<ul class="tree">`
 lists (CSS draws the connectors): an article at the root, the states saved from it below. States whose parent was
 saved again since (the parent's manifest has no name any more) hang under one dashed "earlier state" node per
 parent manifest.
@@ -40,7 +41,11 @@ _NAMESPACE = template(
     '{% if lineage %}<div class="grid2"><div>{{ table }}</div><div class="lineage"><p class="note">Lineage: an '
     'article and the states saved from it.</p>{{ lineage }}</div></div>{% else %}{{ table }}{% endif %}</div>')
 _STORE = template(
-    '<section id="store"><h2>Store</h2><p class="note"><span class="mono">{{ path }}</span>'
+    '<section id="store"><h2>Store</h2>'
+    '{% if unavailable %}<p class="alert" id="bucket-unreachable" role="alert"><b>The bucket is unreachable:</b> '
+    '{{ unavailable }}. Until it answers, sizes and names are those this server\'s local index holds; saves and '
+    'restores that need the bucket fail.</p>{% endif %}'
+    '<p class="note"><span class="mono">{{ path }}</span>'
     ' · {{ scope_note }} · blocks of {{ s.get("block_size")|num }} tokens · {{ s.get("objects")|num }} '
     'objects in {{ s.get("manifests")|num }} manifests</p>'
     '<div class="cards"><div class="card"><b>{{ s.get("names")|num }}</b><span>names</span></div>'
@@ -84,6 +89,7 @@ def store_section(snap: dict[str, Any]) -> Union[Markup, str]:
     if st is None:
         return ""
     s, now = st.get("stats") or {}, float(snap.get("generated") or 0)
+    # "unavailable": an S3 store's bucket unreachable (AsyncStore.stats_or_unavailable); the sizes are the index's
     logical, unique, stored = (float(s.get(k) or 0) for k in ("logical_bytes", "unique_raw_bytes", "stored_bytes"))
     bars = hbars([("logical", logical, "b-logical", fmt.size(logical)),
                   ("unique (deduplicated)", unique, "b-unique", fmt.size(unique)),
@@ -100,4 +106,4 @@ def store_section(snap: dict[str, Any]) -> Union[Markup, str]:
         parts.append(Markup(_NAMESPACE.render(ns=ns, n=len(names), table=Markup(_NAMES.render(names=names, now=now)),
                                               lineage=lineage)))
     return Markup(_STORE.render(path=st.get("path") or "", scope_note=scope_note, s=s, logical=logical,
-                                stored=stored, bars=bars, parts=parts))
+                                stored=stored, bars=bars, parts=parts, unavailable=s.get("unavailable")))

@@ -61,6 +61,7 @@ ul.tree ul li:not(:last-child)::after{content:"";position:absolute;left:-.5rem;t
 .node{display:inline-flex;gap:.5rem;align-items:baseline;padding:.1rem .55rem;border:1px solid var(--line);border-radius:6px;background:var(--bg)}
 .node small{color:var(--mute)}.node.gone{border-style:dashed;color:var(--mute)}
 .empty{color:var(--mute);font-style:italic;padding:.4rem 0}
+.alert{background:var(--warnbg);color:var(--warn);border-radius:6px;padding:.5rem .8rem;margin:.4rem 0 .8rem}
 dl.kv{display:grid;grid-template-columns:max-content 1fr;gap:.25rem 1rem;margin:.4rem 0}
 dl.kv dt{color:var(--mute)}dl.kv dd{margin:0;word-break:break-all}
 footer{color:var(--mute);font-size:.8rem;padding:0 1.5rem 1.5rem;max-width:1240px;margin:0 auto}
