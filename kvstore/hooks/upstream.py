@@ -58,7 +58,9 @@ IDLE_TIMEOUT = 120.0
 # stalled; probes are sent this often (a probe waits at most until the stall deadline, and PROBE_PERIOD s at least).
 STALL_TIMEOUT = 10.0
 PROBE_PERIOD = 1.0
-CUT = "kvstore.reply_cut"  # request key: the UpstreamError that cut a reply whose headers were already sent
+# Request key: the UpstreamError that cut a reply whose headers were already sent (a typed key: aiohttp >= 3.14
+# warns about string keys).
+CUT: "web.RequestKey[UpstreamError]" = web.RequestKey("kvstore.reply_cut", UpstreamError)
 # Request bodies up to this size are read before forwarding, so they can be sent again on a stale connection.
 REPLAYABLE_BODY = 1 << 20
 
