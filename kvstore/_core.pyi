@@ -149,6 +149,18 @@ class Store:
     def gc(self, *, grace_seconds: float = 3600.0, dry_run: bool = False) -> dict[str, Any]:
         """{live_objects, dead_objects, freed_bytes, kept_young, removed_temp, dead_manifests, dry_run}.
         A dry run only plans (nothing changes); otherwise the plan is carried out under the store's exclusive lock."""
+    def evict(self, *, max_bytes: Optional[int] = None, low_water: float = 0.9,
+              quotas: Optional[dict[str, int]] = None, protect: Optional[list[tuple[str, str]]] = None,
+              dry_run: bool = False) -> dict[str, Any]:
+        """Keep the store within limits: expired names first, then namespaces over their quota, then the cap
+        (the namespace furthest over its share loses its least recently used name that owns its bytes).
+        {plan: {used_bytes, garbage_bytes, after_bytes, max_bytes, target_bytes, pinned_bytes, victims: [{namespace,
+        name, reason, frees_bytes, last_used}], unmet, namespaces: [...]}, evicted, freed_bytes, dead_objects,
+        dry_run}. A dry run only plans; otherwise under the store's exclusive lock, then a sweep."""
+    def set_retention(self, name: str, namespace: str = ..., *, ttl_seconds: Optional[float] = None,
+                      pinned: bool = False, max_bytes: Optional[int] = None) -> None:
+        """Set a name's ttl (seconds after its last use; None: never) and pin. With `max_bytes`, a pin that would
+        put the pinned states' bytes over it raises StoreFullError and changes nothing."""
     def verify(self, *, progress: Optional[Callable[[int, int], None]] = None, where: str = ...) -> dict[str, Any]:
         """Re-hash every object: {objects_checked, corrupt: [id], missing: [id], names_affected: [..]}.
         A bucket store checks `where` = "bucket", "cache" (objects it lacks are not missing) or "both" (default);

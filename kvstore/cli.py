@@ -14,8 +14,8 @@ from typing import Optional, Sequence
 
 from kvstore.cliutil import PROG, CliError, emit, mib, valid_server_filename  # noqa: F401 - re-exported
 from kvstore.errors import KvStoreError, error_message
-from kvstore.maintenance import (_store, cmd_gc, cmd_info, cmd_ingest, cmd_ls, cmd_materialize, cmd_reindex,
-                                 cmd_rm, cmd_stats, cmd_sync, cmd_verify)
+from kvstore.maintenance import (_store, cmd_gc, cmd_info, cmd_ingest, cmd_ls, cmd_materialize, cmd_pin,
+                                 cmd_reindex, cmd_rm, cmd_stats, cmd_sync, cmd_unpin, cmd_verify)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -145,6 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     sp.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS",
                     help="keep unreferenced objects younger than this (default 3600)")
+    sp.add_argument("--max-size", metavar="SIZE", help="also evict names until the store fits SIZE (suffixes K, M, "
+                    "G, T: powers of 1024): expired names first, then the least recently used names that own "
+                    "their bytes (see docs/design.md \"Bounded store\")")
+    sp.add_argument("--low-water", type=float, default=0.9, metavar="F",
+                    help="with --max-size: once over it, evict down to F x SIZE (default 0.9)")
+    for verb, fn in (("pin", cmd_pin), ("unpin", cmd_unpin)):
+        sp = add(verb, ("never evict or expire a name" if verb == "pin" else "let a pinned name be evicted again"),
+                 fn)
+        sp.add_argument("name")
+        ns(sp)
+        if verb == "pin":
+            sp.add_argument("--max-size", metavar="SIZE", help="refuse the pin if the pinned states would pass SIZE")
     sp = add("verify", "re-hash every object; exit 1 if any is corrupt or missing", cmd_verify)
     sp.add_argument("--where", choices=("bucket", "cache", "both"), default="both",
                     help="an S3 store: check the objects in the bucket, in the local cache, or both (default)")

@@ -1,5 +1,5 @@
-"""The store-maintenance commands of `kvstore` (stats, ls, rm, gc, verify, reindex, ingest, materialize, info,
-sync): each `cmd_*(args)` gets the arguments `kvstore.cli` parsed and returns the exit status. A store is named by
+"""The store-maintenance commands of `kvstore` (stats, ls, rm, gc, pin, unpin, verify, reindex, ingest,
+materialize, info, sync): each `cmd_*(args)` gets the arguments `kvstore.cli` parsed and returns the exit status. A store is named by
 `--store DIR|s3://BUCKET/PREFIX` with `--cache`, `--cache-size` (`kvstore.config.locate`).
 """
 from __future__ import annotations
@@ -56,8 +56,10 @@ def cmd_ls(args) -> int:
         if not items:
             return "(no states stored)"
         rows = [[e.get("namespace") or "-", e.get("name", ""), str(e.get("n_tokens", "")), mib(e.get("file_bytes")),
-                 (e.get("parent") or "-")[:12], when(e.get("last_used"))] for e in items]
-        return table(rows, ["NAMESPACE", "NAME", "TOKENS", "SIZE", "PARENT", "LAST USED"], right=(2, 3))
+                 (e.get("parent") or "-")[:12], when(e.get("last_used")),
+                 "pinned" if e.get("pinned") else (when(e.get("expires")) if e.get("expires") else "-")]
+                for e in items]
+        return table(rows, ["NAMESPACE", "NAME", "TOKENS", "SIZE", "PARENT", "LAST USED", "EXPIRES"], right=(2, 3))
 
     emit(args, items, text)
     return 0
@@ -74,6 +76,8 @@ def cmd_rm(args) -> int:
 
 
 def cmd_gc(args) -> int:
+    if args.max_size is not None:
+        return _evict(args)
     r = _store(args).gc(grace_seconds=args.grace, dry_run=args.dry_run)
     verb = "would free" if r.get("dry_run") else "freed"
     emit(args, r, lambda: pairs([
@@ -85,6 +89,67 @@ def cmd_gc(args) -> int:
         ("dry run", "yes (nothing deleted)" if r.get("dry_run") else "no"),
     ]))
     return 0
+
+
+def _evict(args) -> int:
+    """`kvstore gc --max-size SIZE`: evict to the size (planned; a dry run lists the victims), then sweep."""
+    try:
+        cap = config.parse_size(args.max_size)
+    except config.LocationError as e:
+        raise CliError(str(e).replace("cache size", "--max-size")) from None
+    if not 0 < args.low_water <= 1:
+        raise CliError(f"--low-water {args.low_water}: must be in (0, 1]")
+    r = _store(args).evict(max_bytes=cap, low_water=args.low_water, dry_run=args.dry_run)
+    plan = r["plan"]
+
+    def text():
+        victims = plan.get("victims") or []
+        rows = [[v.get("namespace") or "-", v.get("name", ""), v.get("reason", ""), mib(v.get("frees_bytes")),
+                 when(v.get("last_used"))] for v in victims]
+        lines = [pairs([
+            ("stored", mib(plan.get("used_bytes"))),
+            ("cap", f"{mib(plan.get('max_bytes'))} (evicts down to {mib(plan.get('target_bytes'))})"),
+            ("pinned", mib(plan.get("pinned_bytes"))),
+            ("after", mib(plan.get("after_bytes"))),
+            ("names " + ("to evict" if r.get("dry_run") else "evicted"), len(victims)),
+            ("freed", "-" if r.get("dry_run") else mib(r.get("freed_bytes"))),
+            ("dry run", "yes (nothing deleted)" if r.get("dry_run") else "no"),
+        ])]
+        if plan.get("unmet"):
+            lines.append("the cap cannot be met: what is left is pinned")
+        if rows:
+            lines.append(table(rows, ["NAMESPACE", "NAME", "REASON", "FREES", "LAST USED"], right=(3,)))
+        return "\n".join(lines)
+
+    emit(args, r, text)
+    return 0
+
+
+def _retention(args, pinned: bool) -> int:
+    store = _store(args)
+    info = store.get(args.name, namespace=args.namespace)
+    if info is None:
+        raise NameNotFound(f"no state named {args.name!r}" + (f" in namespace {args.namespace!r}" if args.namespace
+                                                                else "") + "; see `kvstore ls`")
+    cap = None
+    if pinned and getattr(args, "max_size", None) is not None:
+        try:
+            cap = config.parse_size(args.max_size)
+        except config.LocationError as e:
+            raise CliError(str(e).replace("cache size", "--max-size")) from None
+    store.set_retention(args.name, namespace=args.namespace, ttl_seconds=info.get("ttl_s"), pinned=pinned,
+                        max_bytes=cap)
+    emit(args, {"name": args.name, "namespace": args.namespace, "pinned": pinned},
+         lambda: f"{'pinned' if pinned else 'unpinned'} {args.name!r}")
+    return 0
+
+
+def cmd_pin(args) -> int:
+    return _retention(args, True)
+
+
+def cmd_unpin(args) -> int:
+    return _retention(args, False)
 
 
 def _name_ref(ref: Any) -> str:

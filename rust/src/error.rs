@@ -30,6 +30,11 @@ pub enum Error {
     ManifestNotFound { id: String },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "pinning '{name}' would put the pinned states at {pinned_bytes} bytes, over the store's cap of \
+         {max_bytes} bytes; unpin another name (`kvstore unpin NAME`) or raise --max-size"
+    )]
+    PinOverCap { name: String, pinned_bytes: u64, max_bytes: u64 },
     #[error("{0}")]
     Invalid(String),
     #[error("{0}")]
@@ -82,7 +87,7 @@ impl Error {
         match self {
             Error::Format(_) => ErrorKind::Format,
             Error::Object(ObjectError::Corrupt { .. } | ObjectError::Missing { .. }) => ErrorKind::Corrupt,
-            Error::Object(ObjectError::Full { .. }) => ErrorKind::StoreFull,
+            Error::Object(ObjectError::Full { .. }) | Error::PinOverCap { .. } => ErrorKind::StoreFull,
             Error::Object(ObjectError::Unavailable(e)) | Error::Unavailable(e) => match e.why {
                 Why::Unreachable => ErrorKind::RemoteUnavailable,
                 Why::Locked => ErrorKind::GcLocked,

@@ -14,7 +14,7 @@ use std::time::SystemTime;
 use super::{Catalog, Freshness, GcLock, Held, SyncReport};
 use crate::error::{Error, Result};
 use crate::id::ObjectId;
-use crate::index::{HeedExt, Index, NameRecord};
+use crate::index::{HeedExt, Index, NameRecord, Retention};
 
 /// `<dir>/lock`, flocked shared by saves and exclusively by gc.
 pub struct LockFile {
@@ -70,10 +70,14 @@ impl Catalog for LocalCatalog {
     }
 
     fn commit_name(&self, _namespace: &str, _name: &str, manifest: ObjectId, now: f64) -> Result<NameRecord> {
-        Ok(NameRecord { manifest, created: now, last_used: now, etag: None, displaced: Vec::new() })
+        Ok(NameRecord { manifest, created: now, last_used: now, etag: None, displaced: Vec::new(), retention: Default::default() })
     }
 
     fn remove_name(&self, _namespace: &str, _name: &str) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn set_retention(&self, _namespace: &str, _name: &str, _retention: Retention) -> Result<bool> {
         Ok(false)
     }
 

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::id::ObjectId;
-use crate::index::NameRecord;
+use crate::index::{NameRecord, Retention};
 
 mod local;
 
@@ -71,6 +71,9 @@ pub trait Catalog: Send + Sync {
     /// Forget a name where names live, before the caller drops its index row. True if it was there (always
     /// false when the index is the catalog: the row is the name).
     fn remove_name(&self, namespace: &str, name: &str) -> Result<bool>;
+    /// Set a name's retention where names live, before the caller updates its index row. True if it was
+    /// there (always false when the index is the catalog).
+    fn set_retention(&self, namespace: &str, name: &str, retention: Retention) -> Result<bool>;
     /// What a save holds from its first object write to its index commit.
     fn lock_save(&self) -> Result<Held>;
     /// What gc holds while it marks and sweeps.

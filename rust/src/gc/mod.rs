@@ -11,6 +11,7 @@
 //! dead manifests (with their prefix keys) and of deleted or absent unmarked objects, and stale temp files.
 //! `execute` of a plan made earlier without the lock takes the lock, re-marks and re-checks each planned
 //! object's mtime (an ingest that reused an object refreshed it) before it sweeps. A dry run takes no lock.
+//! `evict.rs`: eviction to a size (ttl, quotas, a cap), planned, then executed with this sweep.
 
 use std::time::Duration;
 
@@ -19,9 +20,11 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::store::Store;
 
+mod evict;
 mod execute;
 mod plan;
 
+pub use evict::{check_pin, evict, plan_eviction, EvictPlan, EvictReport, Limits, NamespaceUse, Reason, Victim};
 pub use execute::execute;
 pub use plan::{plan, GcPlan};
 

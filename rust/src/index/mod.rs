@@ -21,6 +21,7 @@ pub use codec::{IdCodec, NameKeyCodec, ObjectRowCodec, PrefixKeyCodec};
 pub use tables::NameRow;
 pub use names::{validate_name, MAX_NAME_BYTES};
 
+
 use crate::id::ObjectId;
 
 pub const SCHEMA_VERSION: &str = "1";
@@ -73,6 +74,32 @@ pub struct NameRecord {
     /// (kept live by gc; see `remote/names.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub displaced: Vec<ObjectId>,
+    /// How long the name is kept (`gc::evict`); kept where names live, carried over by every later save.
+    #[serde(default, skip_serializing_if = "Retention::is_default")]
+    pub retention: Retention,
+}
+
+/// How long a name is kept: `ttl_s` seconds after its last use (None: until evicted for space); `pinned`:
+/// never evicted and never expired.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Retention {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pinned: bool,
+}
+
+impl Retention {
+    pub fn is_default(&self) -> bool {
+        *self == Retention::default()
+    }
+    /// Unix seconds when a name last used at `last_used` expires (None: never).
+    pub fn expires(&self, last_used: f64) -> Option<f64> {
+        if self.pinned {
+            return None;
+        }
+        self.ttl_s.map(|t| last_used + t)
+    }
 }
 
 /// An `objects` row value: u64be raw_len ‖ u64be stored_len.
@@ -202,7 +229,7 @@ mod tests {
         let id = ObjectId::of(b"m");
         let mut w = a.write_txn().unwrap();
         a.names
-            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id, created: 1.0, last_used: 2.0, etag: None, displaced: vec![] })
+            .put(&mut w, &("ns", "n"), &NameRecord { manifest: id, created: 1.0, last_used: 2.0, etag: None, displaced: vec![], retention: Default::default() })
             .unwrap();
         a.prefixes.put(&mut w, &([7u8; 32], id), &128).unwrap();
         a.objects.put(&mut w, &id, &ObjectRow { raw_len: 5, stored_len: 3 }).unwrap();

@@ -4,6 +4,7 @@
 //! works; results are plain dicts and lists (`convert.rs`); errors become the exceptions of `errors.rs`. A
 //! store is opened by location (`crate::open`): a directory, or `s3://...` with its cache directory.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -233,6 +234,51 @@ impl PyStore {
         let s = &self.inner;
         let r = py.detach(|| crate::gc::gc(s, grace, dry_run))?;
         dict(py, &r)
+    }
+
+    /// Keep the store within limits: expired names, namespaces over their quota, then the cap (see
+    /// `gc::evict`). `quotas`: {namespace: bytes}; `protect`: [(namespace, name)] not to evict now.
+    #[pyo3(signature = (*, max_bytes = None, low_water = 0.9, quotas = None, protect = None, dry_run = false))]
+    fn evict<'py>(
+        &self,
+        py: Python<'py>,
+        max_bytes: Option<u64>,
+        low_water: f64,
+        quotas: Option<HashMap<String, u64>>,
+        protect: Option<Vec<(String, String)>>,
+        dry_run: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let limits = crate::gc::Limits {
+            max_bytes,
+            low_water,
+            quotas: quotas.unwrap_or_default(),
+            protect: protect.unwrap_or_default().into_iter().collect(),
+        };
+        let s = &self.inner;
+        let r = py.detach(|| crate::gc::evict(s, &limits, dry_run))?;
+        dict(py, &r)
+    }
+
+    /// Set a name's retention: `ttl_seconds` after its last use it expires (None: never); `pinned`: never
+    /// evicted or expired. With `max_bytes`, a pin that would put the pinned bytes over it is refused
+    /// (StoreFullError) and changes nothing.
+    #[pyo3(signature = (name, namespace = String::new(), *, ttl_seconds = None, pinned = false, max_bytes = None))]
+    fn set_retention(
+        &self,
+        py: Python<'_>,
+        name: String,
+        namespace: String,
+        ttl_seconds: Option<f64>,
+        pinned: bool,
+        max_bytes: Option<u64>,
+    ) -> PyResult<()> {
+        let s = &self.inner;
+        Ok(py.detach(|| {
+            if let (true, Some(max)) = (pinned, max_bytes) {
+                crate::gc::check_pin(s, &namespace, &name, max)?;
+            }
+            s.set_retention(&name, &namespace, crate::index::Retention { ttl_s: ttl_seconds, pinned })
+        })?)
     }
 
     #[pyo3(signature = (*, progress = None, r#where = String::from("both")))]

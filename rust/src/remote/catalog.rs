@@ -20,7 +20,7 @@ use super::{names, RemoteOptions};
 use crate::catalog::{Catalog, Freshness, GcLock, Held, LockFile, SyncReport};
 use crate::error::Result;
 use crate::id::ObjectId;
-use crate::index::{HeedExt, Index, NameRecord};
+use crate::index::{HeedExt, Index, NameRecord, Retention};
 use crate::objects::ObjectStore;
 
 pub struct BucketCatalog {
@@ -86,7 +86,12 @@ impl Catalog for BucketCatalog {
     fn commit_name(&self, namespace: &str, name: &str, manifest: ObjectId, now: f64) -> Result<NameRecord> {
         let known = self.local_row(namespace, name)?.map(|r| r.manifest);
         let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, now, known)?;
-        Ok(NameRecord { manifest, created: now, last_used: now, etag: Some(etag), displaced: rec.displaced })
+        let (displaced, retention) = (rec.displaced, rec.retention);
+        Ok(NameRecord { manifest, created: now, last_used: now, etag: Some(etag), displaced, retention })
+    }
+
+    fn set_retention(&self, namespace: &str, name: &str, retention: Retention) -> Result<bool> {
+        Ok(names::set_retention(&self.bucket, namespace, name, retention)?)
     }
 
     fn remove_name(&self, namespace: &str, name: &str) -> Result<bool> {

@@ -1,5 +1,6 @@
 //! Name records in the bucket: `<prefix>/names/h<hex(namespace)>/h<hex(name)>`, JSON
-//! `{"manifest": hex, "created": unix s, "displaced": [hex, ..]}` (hex keeps any name a safe key).
+//! `{"manifest": hex, "created": unix s, "displaced": [hex, ..], "retention": {"ttl_s", "pinned"}}` (hex keeps
+//! any name a safe key; `retention` absent = none, and every later save carries it over).
 //!
 //! CONTRACT: a record changes only by a conditional write — create-if-absent for a new name, If-Match on the
 //! ETag read for an update. Policy on a race (decided in docs/design.md "Remote store"): the later save wins,
@@ -13,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::client::{Bucket, Meta};
 use super::error::RemoteError;
 use crate::id::ObjectId;
-use crate::index::NameRecord;
+use crate::index::{NameRecord, Retention};
 
 pub const MAX_DISPLACED: usize = 8;
 const MAX_ATTEMPTS: usize = 16;
@@ -24,6 +25,8 @@ pub struct RemoteName {
     pub created: f64,
     #[serde(default)]
     pub displaced: Vec<ObjectId>,
+    #[serde(default, skip_serializing_if = "Retention::is_default")]
+    pub retention: Retention,
 }
 
 fn seg(s: &str) -> String {
@@ -95,8 +98,8 @@ pub fn row(
         Ok(None) => Ok(Some(None)),
         Ok(Some((rec, etag))) => {
             let last_used = local.filter(|l| l.manifest == rec.manifest).map_or(rec.created, |l| l.last_used);
-            let (manifest, created, displaced) = (rec.manifest, rec.created, rec.displaced);
-            Ok(Some(Some(NameRecord { manifest, created, last_used, etag: Some(etag), displaced })))
+            let (manifest, created, displaced, retention) = (rec.manifest, rec.created, rec.displaced, rec.retention);
+            Ok(Some(Some(NameRecord { manifest, created, last_used, etag: Some(etag), displaced, retention })))
         }
         Err(e @ RemoteError::Unavailable { .. }) if local.is_none() => Err(e),
         Err(RemoteError::Unavailable { .. }) => Ok(None),
@@ -126,7 +129,8 @@ pub fn commit(
         }
         displaced.retain(|m| *m != manifest);
         displaced.truncate(MAX_DISPLACED);
-        let rec = RemoteName { manifest, created, displaced };
+        let retention = current.as_ref().map(|c| c.0.retention).unwrap_or_default();
+        let rec = RemoteName { manifest, created, displaced, retention };
         let body = Bytes::from(serde_json::to_vec(&rec).expect("name record serializes"));
         if let Some(etag) = bucket.put_if_match(&key, body, current.as_ref().map(|c| c.1.as_str()))? {
             return Ok((rec, etag));
@@ -135,6 +139,25 @@ pub fn commit(
     Err(RemoteError::Invalid {
         url: bucket.url().into(),
         detail: format!("name record {key} changed {MAX_ATTEMPTS} times while this save tried to commit; try again"),
+    })
+}
+
+/// Set a name's retention (a conditional update of its record). False: no such name.
+pub fn set_retention(bucket: &Bucket, namespace: &str, name: &str, retention: Retention) -> Result<bool, RemoteError> {
+    let key = name_key(namespace, name);
+    for _ in 0..MAX_ATTEMPTS {
+        let Some((mut rec, etag)) = read(bucket, namespace, name)? else {
+            return Ok(false);
+        };
+        rec.retention = retention;
+        let body = Bytes::from(serde_json::to_vec(&rec).expect("name record serializes"));
+        if bucket.put_if_match(&key, body, Some(etag.as_str()))?.is_some() {
+            return Ok(true);
+        }
+    }
+    Err(RemoteError::Invalid {
+        url: bucket.url().into(),
+        detail: format!("name record {key} changed {MAX_ATTEMPTS} times while setting its retention; try again"),
     })
 }
 

@@ -128,6 +128,7 @@ pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
             last_used,
             etag: Some(etag.clone()),
             displaced: rec.displaced.clone(),
+            retention: rec.retention,
         };
         ix.names.put(&mut w, &(ns.as_str(), n.as_str()), &row).ix(ix)?;
         report.updated += 1;

@@ -44,6 +44,9 @@ pub struct IngestReport {
     /// Uncompressed bytes of this state's distinct objects that were already stored.
     pub reused_bytes: u64,
     pub parent_manifest: Option<String>,
+    /// The name's retention after this save (carried over from its previous state).
+    pub ttl_s: Option<f64>,
+    pub pinned: bool,
     pub elapsed_s: f64,
 }
 
@@ -169,10 +172,16 @@ impl Store {
         }
 
         // Every object is stored; now the name, where names live.
-        let record = self.catalog.commit_name(namespace, name, mid, now_f64())?;
+        let mut record = self.catalog.commit_name(namespace, name, mid, now_f64())?;
 
         // One transaction: manifest, name, prefix and object rows.
         let mut w = ix.write_txn()?;
+        // A new state of a name keeps the name's retention (a catalog elsewhere carried it over itself).
+        if record.retention.is_default() {
+            if let Some(old) = ix.names.get(&w, &(namespace, name)).ix(ix)? {
+                record.retention = old.retention;
+            }
+        }
         ix.manifests.put(&mut w, &mid, &json).ix(ix)?;
         ix.names.put(&mut w, &(namespace, name), &record).ix(ix)?;
         ix.put_prefixes(&mut w, namespace, &fid, &d.tokens, self.block_size, mid)?;
@@ -195,6 +204,8 @@ impl Store {
             new_stored_bytes: new_stored,
             reused_bytes: reused,
             parent_manifest: manifest.parent.map(|p| p.hex()),
+            ttl_s: record.retention.ttl_s,
+            pinned: record.retention.pinned,
             elapsed_s: t0.elapsed().as_secs_f64(),
         })
     }

@@ -3,13 +3,14 @@
 //! CONTRACT: `get` reads the name's record from the catalog (where names live: one read elsewhere, mirrored
 //! into the index); `list` syncs first; `remove` forgets the name in the catalog, then its index row;
 //! `last_used` (`touch`) is this machine's own (a catalog elsewhere keeps no per-read writes), and a name
-//! this index does not know yet is synced first (saved on another machine since the last sync).
+//! this index does not know yet is synced first (saved on another machine since the last sync);
+//! `set_retention` (ttl, pin) changes the record where names live, then the index row.
 
 use serde::Serialize;
 
 use super::{Store, Target};
 use crate::error::{Error, Result};
-use crate::index::{validate_name, HeedExt, NameRecord};
+use crate::index::{validate_name, HeedExt, NameRecord, Retention};
 use crate::manifest::{now_f64, Fingerprint};
 
 #[derive(Debug, Clone, Serialize)]
@@ -29,6 +30,12 @@ pub struct StateInfo {
     /// Manifests a concurrent save on another machine committed and this name's save replaced (bucket
     /// stores; gc keeps them). Empty for a local store.
     pub displaced: Vec<String>,
+    /// Seconds after its last use the name expires (None: kept until evicted for space).
+    pub ttl_s: Option<f64>,
+    /// Unix seconds when it expires (last_used + ttl_s; None: never).
+    pub expires: Option<f64>,
+    /// Never evicted, never expired.
+    pub pinned: bool,
 }
 
 impl Store {
@@ -48,6 +55,9 @@ impl Store {
             created: rec.created,
             last_used: rec.last_used,
             displaced: rec.displaced.iter().map(|d| d.hex()).collect(),
+            ttl_s: rec.retention.ttl_s,
+            expires: rec.retention.expires(rec.last_used),
+            pinned: rec.retention.pinned,
         })
     }
 
@@ -88,6 +98,38 @@ impl Store {
         let existed = ix.names.delete(&mut w, &(namespace, name)).ix(ix)?;
         w.commit().ix(ix)?;
         Ok(existed || elsewhere)
+    }
+
+    /// Set a name's retention (ttl, pin). Raises NameNotFound.
+    pub fn set_retention(&self, name: &str, namespace: &str, retention: Retention) -> Result<()> {
+        validate_name(name, "name")?;
+        validate_name(namespace, "namespace")?;
+        if let Some(t) = retention.ttl_s {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(Error::Invalid(format!("ttl must be a positive number of seconds, got {t}")));
+            }
+        }
+        let _lock = self.catalog.lock_save()?; // not between an eviction's plan and its removals
+        let not_found = || Error::NameNotFound { namespace: namespace.into(), name: name.into() };
+        if self.catalog.location().is_some() {
+            // Names live elsewhere: change the record there, then mirror it.
+            if !self.catalog.set_retention(namespace, name, retention)? {
+                return Err(not_found());
+            }
+            self.sync_quietly(Some(namespace))?;
+            return Ok(());
+        }
+        let ix = &*self.index;
+        let mut w = ix.write_txn()?;
+        let mut rec = ix
+            .names
+            .get(&w, &(namespace, name))
+            .ix(ix)?
+            .ok_or_else(not_found)?;
+        rec.retention = retention;
+        ix.names.put(&mut w, &(namespace, name), &rec).ix(ix)?;
+        w.commit().ix(ix)?;
+        Ok(())
     }
 
     /// Set a name's last_used to now.
