@@ -81,11 +81,21 @@ def add_serve_args(sp) -> None:
     sp.add_argument("--upstream-stall-timeout", type=float, default=10.0, metavar="SECONDS",
                     help="llama-server answering no /health probe this long is stalled (frozen): 504 for waiting "
                          "requests, 503 for new ones until it answers (default 10; 0: no probe)")
+    b = sp.add_argument_group("bounded store (docs/design.md \"Bounded store\")")
+    b.add_argument("--max-size", metavar="SIZE",
+                   help="keep the store within SIZE (suffixes K, M, G, T: powers of 1024, e.g. 20G): once a save "
+                        "passes it, names are evicted down to --low-water x SIZE, least recently used owners of "
+                        "their bytes first; pinned names and names in slots never (default: unbounded)")
+    b.add_argument("--low-water", type=float, default=0.9, metavar="F",
+                   help="evict down to F x --max-size (default 0.9)")
+    b.add_argument("--default-ttl", type=float, metavar="SECONDS",
+                   help="a name expires this long after its last use unless its request set cache_prompt_ttl "
+                        "(or X-KV-TTL) or pinned it (default: never)")
     t = sp.add_argument_group("tenants (docs/hooks.md; without keys the server is single-tenant)")
     t.add_argument("--api-key", action="append", metavar="KEY",
                    help="a key clients must send (Authorization: Bearer KEY); its namespace is key-<hash> (repeatable)")
     t.add_argument("--api-key-file", action="append", metavar="FILE",
-                   help="keys, one per line: KEY [NAMESPACE|-] [admin,namespace-header] (repeatable)")
+                   help="keys, one per line: KEY [NAMESPACE|-] [admin,namespace-header,quota=SIZE] (repeatable)")
     t.add_argument("--admin-api-key", action="append", metavar="KEY",
                    help="a key that sees every namespace in stats and lists and may use any slot (repeatable)")
     t.add_argument("--allow-namespace-header", action="store_true",

@@ -23,6 +23,7 @@ from kvstore import llama
 from kvstore.fingerprint import server_fingerprint
 
 from . import cut
+from .bound import Bound
 from .broker import Broker
 from .errors import Unavailable, UpstreamError, UpstreamReply
 from .handlers import Handlers
@@ -143,9 +144,15 @@ class Hooks:
                           erase=lambda s: up.slot_action(s.id, "erase"),
                           extension_only=lambda: cut.extension_only(transfer.fingerprint, transfer.layout))
         broker = Broker(up, store, transfer, table, self.metrics)
+        bound = Bound(store, self.metrics, max_bytes=self.cfg.max_size, low_water=self.cfg.low_water,
+                      default_ttl=self.cfg.default_ttl, quotas=self.cfg.tenancy.quotas(),
+                      protect=lambda: _held_names(table), period=self.cfg.evict_period)
+        transfer.bound = bound
         await self._restarted(up)  # the first look at the slots' task ids
         self._wired = wired = Wired(up=up, store=store, transfer=transfer, table=table, broker=broker,
-                                    n_slots=n_slots)
+                                    n_slots=n_slots, bound=bound)
+        self.metrics.cap_bytes = self.cfg.max_size
+        self._tasks.append(asyncio.create_task(bound.run()))
         if self.cfg.idle_save > 0:
             self._tasks.append(asyncio.create_task(self._idle_loop(wired)))
         self._tasks.append(asyncio.create_task(self._watch_loop(wired)))
@@ -251,3 +258,14 @@ def build_app(cfg: HooksConfig) -> web.Application:
     app.cleanup_ctx.append(hooks.context)
     add_routes(app.router, h)
     return app
+
+
+def _held_names(table: SlotTable) -> list[tuple[str, str]]:
+    """What an eviction must not take now: every name a slot holds, and the parents their states were built on."""
+    out = []
+    for s in table.slots:
+        if s.key is not None:
+            out.append(s.key)
+        if s.parent:
+            out.append((s.namespace, s.parent))
+    return out

@@ -5,7 +5,8 @@ only labels states. With keys (`--api-key`, `--api-key-file`, `--admin-api-key`)
 `Authorization: Bearer KEY` (401 otherwise); its namespace is the key's, `X-KV-Namespace` naming another one is 403
 unless the key may set it (`--allow-namespace-header`, or `namespace-header` in the key file); an admin key sees and
 may touch every namespace. Key file format (docs/hooks.md): one key per line, `KEY [NAMESPACE|-] [FLAG,...]`, flags
-`admin` and `namespace-header`; `#` starts a comment.
+`admin`, `namespace-header` and `quota=SIZE` (the namespace's share of the store, hooks/bound.py); `#` starts a
+comment.
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
+from kvstore.config import LocationError, parse_size
+
 from .errors import BadRequest, Forbidden, Unauthorized
 from .naming import NAMESPACE_HEADER, validate
 
-FLAGS = ("admin", "namespace-header")
+FLAGS = ("admin", "namespace-header", "quota=SIZE")
 
 
 def key_namespace(key: str) -> str:
@@ -50,6 +53,7 @@ class KeyEntry:
     namespace: str
     admin: bool = False
     namespace_header: bool = False
+    quota: Optional[int] = None  # bytes the namespace may keep in the store
 
 
 class Tenancy:
@@ -62,6 +66,14 @@ class Tenancy:
     @property
     def enabled(self) -> bool:
         return bool(self._by_digest)
+
+    def quotas(self) -> dict[str, int]:
+        """namespace -> bytes, from the keys' `quota=SIZE` (two keys of one namespace: the smaller)."""
+        out: dict[str, int] = {}
+        for e in self._by_digest.values():
+            if e.quota is not None:
+                out[e.namespace] = min(e.quota, out.get(e.namespace, e.quota))
+        return out
 
     def describe(self) -> dict:
         if not self.enabled:
@@ -103,6 +115,13 @@ def parse_key_file(text: str, source: str = "key file") -> dict[str, KeyEntry]:
         key = parts[0]
         ns = parts[1] if len(parts) > 1 and parts[1] != "-" else key_namespace(key)
         flags = [f for f in (parts[2].split(",") if len(parts) > 2 else []) if f]
+        quota = None
+        for f in [f for f in flags if f.startswith("quota=")]:
+            try:
+                quota = parse_size(f[len("quota="):])
+            except LocationError as e:
+                raise ValueError(f"{source}:{i}: {str(e).replace('cache size', 'quota')}") from None
+            flags.remove(f)
         bad = [f for f in flags if f not in FLAGS]
         if bad:
             raise ValueError(f"{source}:{i}: unknown flag(s) {bad}; known: {', '.join(FLAGS)}")
@@ -112,7 +131,7 @@ def parse_key_file(text: str, source: str = "key file") -> dict[str, KeyEntry]:
             raise ValueError(f"{source}:{i}: {e}") from None
         if key in out:
             raise ValueError(f"{source}:{i}: key given twice")
-        out[key] = KeyEntry(ns, admin="admin" in flags, namespace_header="namespace-header" in flags)
+        out[key] = KeyEntry(ns, admin="admin" in flags, namespace_header="namespace-header" in flags, quota=quota)
     return out
 
 

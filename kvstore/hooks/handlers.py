@@ -12,6 +12,9 @@ from aiohttp import web
 
 from kvstore import page
 
+from kvstore.errors import StoreFull
+
+from . import bound as bd
 from . import naming as nm
 from .broker import Once
 from .errors import BadRequest, remote_unavailable
@@ -54,7 +57,10 @@ class Handlers:
         nameable = path not in SLOT_ONLY_PATHS
         naming = nm.naming_of(request.headers, body if nameable else {}, namespace=caller(request).namespace,
                               name_from_user=h.cfg.name_from_user)
+        asked = bd.ask_of(request.headers, body if nameable else {})
         nm.strip_fields(body)
+        bd.strip_fields(body)
+        await w.bound.ask(naming.key, asked)
         tokens_fn = Once(lambda: w.broker.prompt_tokens(body, chat))
         async with w.broker.hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
             slot = lease.slot
@@ -96,7 +102,13 @@ class Handlers:
                 body, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
         else:
             prompt = body["prompt"]
+        asked = bd.ask_of(request.headers, body)
+        bound = self.h.wired.bound
+        await bound.ask((ns, name), asked)
         r = await self.h.wired.broker.prime(nm.Naming(ns, name, parent or None), prompt)
+        refused = bound.refused.pop((ns, name), None)
+        if refused is not None:
+            raise StoreFull(f"stored {name!r}, but not pinned: {refused}")
         kind, n_restored = r["cache"], r["n_restored"]
         return web.json_response(jsonable({"name": name, "namespace": ns, **r}), headers={
             "X-KV-Cache": kind, "X-KV-Slot": str(r["id_slot"]), "X-KV-Restored-Tokens": str(n_restored)})
@@ -133,7 +145,9 @@ class Handlers:
             "n_slots": w.n_slots, "fingerprint": w.transfer.expect(), "tenancy": h.cfg.tenancy.describe(),
             "namespace": c.namespace,
             "queue_length": w.table.queue_length, "slots": slots,
-            "counters": h.metrics.snapshot(), "store": store}))
+            "counters": h.metrics.snapshot(), "store": store,
+            # The bound's figures are the whole store's: an admin's; a tenant sees its own quota.
+            "bound": w.bound.describe() if c.admin else {"quota": w.bound.quota_of(c.namespace)}}))
 
     async def status_page(self, request: web.Request) -> web.Response:
         """GET /kvstore/: the status page (`?fragment=1`: its main part, for the page's own refresh)."""
@@ -147,7 +161,7 @@ class Handlers:
         snap = {"upstream": w.up.url if ns is None else None, "n_slots": w.n_slots, "fingerprint": w.transfer.expect(),
                 "queue_length": w.table.queue_length, "slots": w.table.as_list(ns),
                 "slot_clock": w.table.clock(), "history": h.metrics.history.snapshot(),
-                "store": await w.store.snapshot(ns)}
+                "store": await w.store.snapshot(ns), "bound": w.bound.describe() if ns is None else None}
         html = page.render_fragment(snap) if request.query.get("fragment") else page.render_page(snap, live=True)
         return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
 

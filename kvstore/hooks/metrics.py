@@ -32,7 +32,10 @@ COUNTERS = {
     "bytes_ingested": "New stored bytes written by ingests.",
     "bytes_saved": "Bytes of the state files llama-server saved (what keeping one file per save would cost).",
     "bytes_materialized": "Bytes of state files written by materialize.",
+    "pins_refused": "Pins refused at a save because the pinned states would pass --max-size.",
+    "eviction_failures": "Evictions that failed (the store may pass its cap until the next one).",
 }
+EVICTION_REASONS = ("cap", "ttl", "quota")
 LATENCY_HELP = {"save": "Time spent saving + ingesting a slot.", "restore": "Time spent materializing + restoring a slot."}
 # Seconds: a small state saves in milliseconds, a long context over a slow bucket in tens of seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, float("inf"))
@@ -42,6 +45,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.c: Counter = Counter()
         self.kinds: Counter = Counter()
+        self.cap_bytes: Optional[int] = None  # --max-size (hooks/bound.py), for kvstore_store_cap_bytes
         self.history = History()  # the status page's time series and latency percentiles
         self.latency = {op: Histogram(f"kvstore_{op}_seconds", LATENCY_HELP[op], buckets=LATENCY_BUCKETS,
                                       registry=None) for op in OPS}
@@ -105,9 +109,16 @@ class _Scrape(Collector):
         yield CounterMetricFamily("kvstore_misses", "Requests that found no state to reuse.", value=kinds["miss"])
         for key, help_ in COUNTERS.items():
             yield CounterMetricFamily(f"kvstore_{key}", help_, value=snap.get(key, 0))
+        evictions = CounterMetricFamily("kvstore_evictions", "Names evicted from the store, by reason (cap: "
+                                        "--max-size, ttl: expired, quota: the tenant's quota).", labels=["reason"])
+        for r in EVICTION_REASONS:
+            evictions.add_metric([r], snap.get(f"evictions_{r}", 0))
+        yield evictions
         for op in OPS:
             yield from self.metrics.latency[op].collect()
         yield _gauge("kvstore_queue_length", "Requests waiting for a slot.", self.queue_length)
+        if self.metrics.cap_bytes is not None:
+            yield _gauge("kvstore_store_cap_bytes", "The store's cap (--max-size).", self.metrics.cap_bytes)
         if self.store:
             yield _gauge("kvstore_store_bytes", "Bytes stored on disk (objects, compressed).",
                          self.store.get("stored_bytes", 0))

@@ -148,6 +148,23 @@ async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
     await runner.cleanup()
 
 
+def bounds_of(args) -> dict:
+    """--max-size, --low-water, --default-ttl as HooksConfig fields; raises ValueError for a bad one."""
+    from kvstore.config import LocationError, parse_size
+
+    try:
+        max_size = parse_size(getattr(args, "max_size", None))
+    except LocationError as e:
+        raise ValueError(str(e).replace("cache size", "--max-size")) from None
+    low = getattr(args, "low_water", 0.9)
+    if not 0 < low <= 1:
+        raise ValueError(f"--low-water {low}: must be in (0, 1]")
+    ttl = getattr(args, "default_ttl", None)
+    if ttl is not None and not ttl > 0:
+        raise ValueError(f"--default-ttl {ttl}: must be a positive number of seconds")
+    return {"max_size": max_size, "low_water": low, "default_ttl": ttl}
+
+
 def configure(args):
     """The hooks' settings for arguments `kvstore.cli` parsed, starting the embedded llama-server unless
     `--upstream` names one. Returns (HooksConfig, the EmbeddedServer or None); the caller closes the engine."""
@@ -159,6 +176,7 @@ def configure(args):
     args.location = loc
     loc.local_dir.mkdir(parents=True, exist_ok=True)
     tenancy = tenancy_of(args)
+    bounds = bounds_of(args)
     upstream_key = args.upstream_api_key
     engine = None
     extra = {}
@@ -177,7 +195,7 @@ def configure(args):
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
                           upstream_stall_timeout=args.upstream_stall_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,
-                          swa_cells=engine_swa_cells(engine))
+                          swa_cells=engine_swa_cells(engine), **bounds)
     except BaseException:
         if engine is not None:
             engine.close()

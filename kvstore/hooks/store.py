@@ -91,6 +91,16 @@ class AsyncStore:
     async def stats(self) -> dict:
         return await self._call(self.core.stats)
 
+    async def evict(self, *, max_bytes: Optional[int], low_water: float, quotas: Mapping[str, int],
+                    protect: Sequence[tuple[str, str]], dry_run: bool = False) -> dict:
+        return await self._call(self.core.evict, max_bytes=max_bytes, low_water=low_water, quotas=dict(quotas),
+                                protect=list(protect), dry_run=dry_run)
+
+    async def set_retention(self, name: str, *, namespace: str, ttl_seconds: Optional[float], pinned: bool,
+                            max_bytes: Optional[int] = None) -> None:
+        await self._call(self.core.set_retention, name, namespace, ttl_seconds=ttl_seconds, pinned=pinned,
+                         max_bytes=max_bytes)
+
     async def stats_or_unavailable(self) -> dict:
         """`stats()` plus `"unavailable": message` while an S3 store's bucket is unreachable: what /kvstore/stats
         and the status page show, so both degrade the same way. The core's stats degrade by themselves (the

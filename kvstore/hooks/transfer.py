@@ -11,6 +11,7 @@ non-empty save and from then on required of every state restored or ingested (`e
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any, Optional
@@ -41,6 +42,9 @@ class Transfer:
         self.fingerprint = fingerprint
         self.swa_cells = swa_cells  # hooks/cut.py swa_cells: keep a fresh evaluation's cell layout in a cut
         self.layout: Optional[str] = None
+        # The store's bound (hooks/bound.py): `reserve(namespace, file_bytes)` around every ingest (it may evict
+        # first, so the store stays within its cap), `saved(namespace, name, report)` after it.
+        self.bound: Optional[Any] = None
 
     def expect(self) -> dict[str, str]:
         """What a state must match to go into this server: the fingerprint, plus the layout once it is known.
@@ -63,11 +67,13 @@ class Transfer:
                     log.warning("slot %d: nothing to save for %r (empty slot); store unchanged", slot.id, name)
                     return {"n_saved": 0, "save": r}
                 parent = slot.parent if slot.parent != name else None
-                try:
-                    info = await self.store.ingest(name, str(path), namespace=namespace, fingerprint=self.expect(),
-                                                   parent=parent)
-                except NameNotFound:  # the parent is gone; keep the state anyway
-                    info = await self.store.ingest(name, str(path), namespace=namespace, fingerprint=self.expect())
+                async with self._reserved(namespace, path.stat().st_size):
+                    try:
+                        info = await self.store.ingest(name, str(path), namespace=namespace,
+                                                       fingerprint=self.expect(), parent=parent)
+                    except NameNotFound:  # the parent is gone; keep the state anyway
+                        info = await self.store.ingest(name, str(path), namespace=namespace,
+                                                       fingerprint=self.expect())
                 if self.layout is None:
                     self._learn_layout(info["layout"])
         except Exception:
@@ -79,7 +85,12 @@ class Transfer:
         info["save"] = r
         log.info("slot %d: saved %s/%s: %s tokens, %s new bytes", slot.id, namespace, name,
                  info.get("n_tokens"), info.get("new_stored_bytes"))
+        if self.bound is not None:
+            await self.bound.saved(namespace, name, info)
         return info
+
+    def _reserved(self, namespace: str, file_bytes: int) -> Any:
+        return self.bound.reserve(namespace, file_bytes) if self.bound is not None else contextlib.nullcontext()
 
     def _learn_layout(self, layout: str) -> None:
         if not layout_is_empty(layout):

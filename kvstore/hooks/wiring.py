@@ -13,6 +13,7 @@ from typing import Optional, Union
 from kvstore.config import Location, locate
 
 from .auth import Tenancy
+from .bound import Bound
 from .broker import Broker
 from .slots import SlotTable
 from .store import AsyncStore
@@ -45,6 +46,12 @@ class HooksConfig:
     swa_cells: int = 0
     cache: Optional[Path] = None  # an S3 store's cache directory (default: config.default_cache_dir)
     cache_size: Optional[int] = None  # bytes
+    # The store's bound (hooks/bound.py): a cap in bytes, the fraction evicted down to, a default ttl (seconds),
+    # how often expired names are looked for.
+    max_size: Optional[int] = None
+    low_water: float = 0.9
+    default_ttl: Optional[float] = None
+    evict_period: float = 5.0
 
     @property
     def location(self) -> Location:
@@ -63,3 +70,4 @@ class Wired:
     table: SlotTable
     broker: Broker
     n_slots: int
+    bound: Bound

@@ -31,6 +31,7 @@ The snapshot (every key optional; a section whose key is missing is left out, so
           "namespaces": [{"namespace": str, "n_tokens": int, "file_bytes": int, "names": [
               {"name": str, "manifest_id": str, "n_tokens": int, "file_bytes": int, "created": float,
                "last_used": float, "parent": str|None, "parent_id": str|None, "children": [str]}]}]},
+      "bound": Bound.describe() (hooks/bound.py): {"max_bytes", "used_bytes", "evicted": {"cap", "ttl", "quota"}, ..}
     }
 kind is one of "slot", "restored", "parent", "prefix", "miss" (the X-KV-Cache values). Every string is
 HTML-escaped when rendered; names, namespaces and fingerprint values may hold anything.

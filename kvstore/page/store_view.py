@@ -54,7 +54,11 @@ _STORE = template(
     '<div class="card"><b id="dedup-ratio">{{ s.get("dedup_ratio")|ratio }}</b><span>dedup ratio</span></div>'
     '<div class="card"><b id="compression-ratio">{{ s.get("compression_ratio")|ratio }}</b>'
     '<span>compression ratio</span></div>'
-    '<div class="card"><b id="total-ratio">{{ s.get("total_ratio")|ratio }}</b><span>total ratio</span></div></div>'
+    '<div class="card"><b id="total-ratio">{{ s.get("total_ratio")|ratio }}</b><span>total ratio</span></div>'
+    '{% if bound and bound.max_bytes %}<div class="card" id="store-cap"><b>{{ (bound.used_bytes or 0)|size }} of '
+    '{{ bound.max_bytes|size }}</b><span>stored of the cap (--max-size) · {{ evicted|num }} names evicted '
+    '(cap {{ bound.evicted.cap|num }}, ttl {{ bound.evicted.ttl|num }}, quota {{ bound.evicted.quota|num }})'
+    '</span></div>{% endif %}</div>'
     '<h3>Bytes</h3>{{ bars }}'
     '<p class="note">Sizes and ratios are for the whole store. Dedup: logical ÷ unique (blocks shared '
     'between states are kept once). Compression: unique ÷ stored.</p>'
@@ -105,5 +109,8 @@ def store_section(snap: dict[str, Any]) -> Union[Markup, str]:
             else None
         parts.append(Markup(_NAMESPACE.render(ns=ns, n=len(names), table=Markup(_NAMES.render(names=names, now=now)),
                                               lineage=lineage)))
+    bound = snap.get("bound")  # the store's cap (hooks/bound.py describe()); the operator's view only
+    evicted = sum((bound.get("evicted") or {}).values()) if bound else 0
     return Markup(_STORE.render(path=st.get("path") or "", scope_note=scope_note, s=s, logical=logical,
-                                stored=stored, bars=bars, parts=parts, unavailable=s.get("unavailable")))
+                                stored=stored, bars=bars, parts=parts, unavailable=s.get("unavailable"),
+                                bound=bound, evicted=evicted))
