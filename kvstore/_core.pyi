@@ -150,7 +150,7 @@ class Store:
         """{live_objects, dead_objects, freed_bytes, kept_young, removed_temp, dead_manifests, dry_run}.
         A dry run only plans (nothing changes); otherwise the plan is carried out under the store's exclusive lock."""
     def evict(self, *, max_bytes: Optional[int] = None, low_water: float = 0.9,
-              quotas: Optional[dict[str, int]] = None, protect: Optional[list[tuple[str, str]]] = None,
+              quotas: Optional[dict[str, int]] = None, protect: Optional[Sequence[tuple[str, str]]] = None,
               dry_run: bool = False) -> dict[str, Any]:
         """Keep the store within limits: expired names first, then namespaces over their quota, then the cap
         (the namespace furthest over its share loses its least recently used name that owns its bytes).
