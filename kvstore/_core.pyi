@@ -150,10 +150,12 @@ class Store:
         """{live_objects, dead_objects, freed_bytes, kept_young, removed_temp, dead_manifests, dry_run}.
         A dry run only plans (nothing changes); otherwise the plan is carried out under the store's exclusive lock."""
     def verify(self, *, progress: Optional[Callable[[int, int], None]] = None, where: str = ...) -> dict[str, Any]:
-        """Re-hash every object: {objects_checked, corrupt: [id], missing: [id], names_affected: [..]}.
+        """Re-hash every object: {objects_checked, unscoped, corrupt: [id], missing: [id], names_affected: [..]}
+        (`unscoped`: objects no known manifest references that match their id in no known namespace's scope).
         A bucket store checks `where` = "bucket", "cache" (objects it lacks are not missing) or "both" (default);
         a local store takes only the default."""
-    def stats(self) -> dict[str, Any]:
+    def stats(self, *, namespace: Optional[str] = None) -> dict[str, Any]:
         """{names, manifests, objects, logical_bytes, unique_raw_bytes, stored_bytes, dedup_ratio,
         compression_ratio, total_ratio, block_size, bucket_objects, bucket_bytes, cache_bytes, cache_limit}
-        (the last four None for a local store)."""
+        (the last four None for a local store). `namespace`: that namespace's figures only (its names, the
+        objects they reference; the last four None): what a tenant may see, and bytes it alone holds."""

@@ -56,8 +56,8 @@ _STORE = template(
     '<span>compression ratio</span></div>'
     '<div class="card"><b id="total-ratio">{{ s.get("total_ratio")|ratio }}</b><span>total ratio</span></div></div>'
     '<h3>Bytes</h3>{{ bars }}'
-    '<p class="note">Sizes and ratios are for the whole store. Dedup: logical ÷ unique (blocks shared '
-    'between states are kept once). Compression: unique ÷ stored.</p>'
+    '<p class="note" id="sizes-scope">Sizes and ratios are for {{ sizes_note }}. Dedup: logical ÷ unique (blocks '
+    'shared between states are kept once). Compression: unique ÷ stored.</p>'
     '{% for p in parts %}{{ p }}{% else %}<p class="empty">The store holds no names.</p>{% endfor %}</section>')
 
 
@@ -105,5 +105,9 @@ def store_section(snap: dict[str, Any]) -> Union[Markup, str]:
             else None
         parts.append(Markup(_NAMESPACE.render(ns=ns, n=len(names), table=Markup(_NAMES.render(names=names, now=now)),
                                               lineage=lineage)))
-    return Markup(_STORE.render(path=st.get("path") or "", scope_note=scope_note, s=s, logical=logical,
+    sizes_scope = st.get("stats_scope")
+    sizes_note = "the whole store" if sizes_scope is None else \
+        (f"namespace {sizes_scope} only" if sizes_scope else "the default namespace only")
+    return Markup(_STORE.render(path=st.get("path") or "", scope_note=scope_note, sizes_note=sizes_note, s=s,
+                                logical=logical,
                                 stored=stored, bars=bars, parts=parts, unavailable=s.get("unavailable")))
