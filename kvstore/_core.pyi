@@ -111,7 +111,7 @@ class Store:
     def ingest(self, name: str, path: str, *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None,
                parent: Optional[str] = None, remove_file: bool = False) -> dict[str, Any]:
         """Store a slot file under a name (replacing the previous state of that name).
-        `parent` (a name in the same namespace, or a manifest id) is recorded as lineage only; an unknown parent is
+        `parent` (a name in the same namespace, or a manifest id of a state saved in it) is recorded as lineage only; an unknown parent is
         recorded as none, so a save is never lost over lineage. A `layout` key in `fingerprint` (the server's, learned
         from an earlier save) must equal the file's layout, else FingerprintMismatch; it is not stored as identity.
         Returns {name, namespace, manifest_id, n_tokens, file_bytes, layout, blocks, new_objects, new_raw_bytes,
