@@ -28,7 +28,8 @@ impl Scope {
         if namespace.is_empty() {
             return Scope::Unkeyed;
         }
-        Scope::Namespace { namespace: namespace.to_string(), key: blake3::derive_key(SCOPE_CONTEXT, namespace.as_bytes()) }
+        let key = blake3::derive_key(SCOPE_CONTEXT, namespace.as_bytes());
+        Scope::Namespace { namespace: namespace.to_string(), key }
     }
 
     /// The scope a manifest records (`None`: unkeyed; a manifest never records `""`).

@@ -44,7 +44,8 @@ fn dedup_within_a_namespace_only() {
     assert!(oa.contains(&Scope::of_namespace("a").id_of(&dd.skeleton)));
     // A namespace's figures are its own: the same as in a store where no other tenant stored the same text.
     let sb = s.namespace_stats("b").unwrap();
-    assert_eq!((sb.names, sb.objects, sb.unique_raw_bytes, sb.stored_bytes), (1, b.new_objects as u64, b.new_raw_bytes, b.new_stored_bytes));
+    let from_reply = (1, b.new_objects as u64, b.new_raw_bytes, b.new_stored_bytes);
+    assert_eq!((sb.names, sb.objects, sb.unique_raw_bytes, sb.stored_bytes), from_reply);
     assert_eq!((sb.bucket_bytes, sb.bucket_objects, sb.cache_bytes), (None, None, None));
     let d2 = TempDir::new("scope-dedup-alone");
     let alone = open(&d2, 16);
@@ -125,7 +126,8 @@ fn keyed_and_old_unkeyed_real_states_round_trip() {
 
     // Old: the default namespace's (unkeyed) state, named in a namespace as a store made before scopes has it.
     let old = ingest_real(&s, "old", "", &bytes);
-    let rec = NameRecord { manifest: old.manifest_id.parse().unwrap(), created: now_f64(), last_used: now_f64(), etag: None, displaced: vec![] };
+    let manifest = old.manifest_id.parse().unwrap();
+    let rec = NameRecord { manifest, created: now_f64(), last_used: now_f64(), etag: None, displaced: vec![] };
     let mut w = s.index.write_txn().unwrap();
     s.index.names.put(&mut w, &("legacy", "old"), &rec).ix(&s.index).unwrap();
     w.commit().unwrap();
