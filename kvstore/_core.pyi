@@ -111,7 +111,7 @@ class Store:
     def ingest(self, name: str, path: str, *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None,
                parent: Optional[str] = None, remove_file: bool = False) -> dict[str, Any]:
         """Store a slot file under a name (replacing the previous state of that name).
-        `parent` (a name in the same namespace, or a manifest id) is recorded as lineage only; an unknown parent is
+        `parent` (a name in the same namespace, or a manifest id of a state saved in it) is recorded as lineage only; an unknown parent is
         recorded as none, so a save is never lost over lineage. A `layout` key in `fingerprint` (the server's, learned
         from an earlier save) must equal the file's layout, else FingerprintMismatch; it is not stored as identity.
         Returns {name, namespace, manifest_id, n_tokens, file_bytes, layout, blocks, new_objects, new_raw_bytes,
@@ -162,10 +162,12 @@ class Store:
         """Set a name's ttl (seconds after its last use; None: never) and pin. With `max_bytes`, a pin that would
         put the pinned states' bytes over it raises StoreFullError and changes nothing."""
     def verify(self, *, progress: Optional[Callable[[int, int], None]] = None, where: str = ...) -> dict[str, Any]:
-        """Re-hash every object: {objects_checked, corrupt: [id], missing: [id], names_affected: [..]}.
+        """Re-hash every object: {objects_checked, unscoped, corrupt: [id], missing: [id], names_affected: [..]}
+        (`unscoped`: objects no known manifest references that match their id in no known namespace's scope).
         A bucket store checks `where` = "bucket", "cache" (objects it lacks are not missing) or "both" (default);
         a local store takes only the default."""
-    def stats(self) -> dict[str, Any]:
+    def stats(self, *, namespace: Optional[str] = None) -> dict[str, Any]:
         """{names, manifests, objects, logical_bytes, unique_raw_bytes, stored_bytes, dedup_ratio,
         compression_ratio, total_ratio, block_size, bucket_objects, bucket_bytes, cache_bytes, cache_limit}
-        (the last four None for a local store)."""
+        (the last four None for a local store). `namespace`: that namespace's figures only (its names, the
+        objects they reference; the last four None): what a tenant may see, and bytes it alone holds."""

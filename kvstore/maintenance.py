@@ -171,6 +171,8 @@ def cmd_verify(args) -> int:
         lines = [f"checked {r.get('objects_checked')} objects: "
                  + ("ok" if not bad else f"{len(corrupt)} corrupt, {len(missing)} missing")]
         lines += [f"  corrupt  {o}" for o in corrupt] + [f"  missing  {o}" for o in missing]
+        if r.get("unscoped"):  # no known manifest references them: a save not committed yet, or gc's
+            lines.append(f"  {r['unscoped']} object(s) of no known namespace left unchecked (no name references them)")
         affected = r.get("names_affected") or []
         if affected:
             lines.append("names affected: " + ", ".join(_name_ref(a) for a in affected))

@@ -19,6 +19,7 @@ from . import naming as nm
 from .broker import Once
 from .errors import BadRequest, remote_unavailable
 from .metrics import Metrics, timings_from_sse_tail
+from .auth import Caller
 from .routes import CHAT_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
 from .wiring import HooksConfig, Wired
@@ -136,14 +137,17 @@ class Handlers:
         return web.json_response({"namespace": ns, "states": jsonable(items)})
 
     async def stats(self, request: web.Request) -> web.Response:
-        """Store totals and counters for everyone; a slot of another namespace shows only its id and whether busy."""
+        """Store figures and counters; a slot of another namespace shows only its id and whether busy. With keys a
+        tenant's `store` figures are its own namespace's (`store_scope`): store-wide sizes would tell what others
+        store. An admin, or anyone without keys, gets the whole store's."""
         h, w, c = self.h, self.h.wired, caller(request)
-        store = await w.store.stats_or_unavailable()  # the bucket unreachable: the slots and counters still matter
+        sizes_of = self._sizes_of(c)
+        store = await w.store.stats_or_unavailable(sizes_of)  # the bucket unreachable: slots, counters still matter
         slots = w.table.as_list(c.viewer)
         return web.json_response(jsonable({
             "upstream": w.up.url if c.admin else None,  # a tenant needs not know where llama-server listens
             "n_slots": w.n_slots, "fingerprint": w.transfer.expect(), "tenancy": h.cfg.tenancy.describe(),
-            "namespace": c.namespace,
+            "namespace": c.namespace, "store_scope": "store" if sizes_of is None else "namespace",
             "queue_length": w.table.queue_length, "slots": slots,
             "counters": h.metrics.snapshot(), "store": store,
             # The bound's figures are the whole store's: an admin's; a tenant sees its own quota.
@@ -161,13 +165,19 @@ class Handlers:
         snap = {"upstream": w.up.url if ns is None else None, "n_slots": w.n_slots, "fingerprint": w.transfer.expect(),
                 "queue_length": w.table.queue_length, "slots": w.table.as_list(ns),
                 "slot_clock": w.table.clock(), "history": h.metrics.history.snapshot(),
-                "store": await w.store.snapshot(ns), "bound": w.bound.describe() if ns is None else None}
+                "store": await w.store.snapshot(ns, stats_namespace=self._sizes_of(c)),
+                "bound": w.bound.describe() if ns is None else None}
         html = page.render_fragment(snap) if request.query.get("fragment") else page.render_page(snap, live=True)
         return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
 
+    def _sizes_of(self, c: Caller) -> Optional[str]:
+        """Whose sizes a caller sees: None (the whole store) for an admin key or without keys; with keys, a
+        tenant sees its namespace's only, since the store's would grow with what other tenants save."""
+        return c.namespace if self.h.cfg.tenancy.enabled and not c.admin else None
+
     async def prometheus(self, request: web.Request) -> web.Response:
         try:
-            store = await self.h.wired.store.stats()
+            store = await self.h.wired.store.stats(self._sizes_of(caller(request)))
         except Exception:  # noqa: BLE001 - the counters are still worth showing
             store = None
         text = self.h.metrics.prometheus(queue_length=self.h.wired.table.queue_length, store=store)

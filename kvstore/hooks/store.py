@@ -88,8 +88,11 @@ class AsyncStore:
     async def remove(self, name: str, *, namespace: str) -> bool:
         return await self._call(self.core.remove, name, namespace=namespace)
 
-    async def stats(self) -> dict:
-        return await self._call(self.core.stats)
+    async def stats(self, namespace: Optional[str] = None) -> dict:
+        """The store's figures, or (`namespace`) that namespace's only: what a tenant may see of the store."""
+        if namespace is None:
+            return await self._call(self.core.stats)
+        return await self._call(self.core.stats, namespace=namespace)
 
     async def evict(self, *, max_bytes: Optional[int], low_water: float, quotas: Mapping[str, int],
                     protect: Sequence[tuple[str, str]], dry_run: bool = False) -> dict:
@@ -101,18 +104,18 @@ class AsyncStore:
         await self._call(self.core.set_retention, name, namespace, ttl_seconds=ttl_seconds, pinned=pinned,
                          max_bytes=max_bytes)
 
-    async def stats_or_unavailable(self) -> dict:
+    async def stats_or_unavailable(self, namespace: Optional[str] = None) -> dict:
         """`stats()` plus `"unavailable": message` while an S3 store's bucket is unreachable: what /kvstore/stats
         and the status page show, so both degrade the same way. The core's stats degrade by themselves (the
         index's sizes, `bucket_objects` None when the bucket could not be listed); only then is the bucket asked
         once more, by a sync, for the error that says why (bounded by the core's timeout, as every call is)."""
         try:
-            stats = dict(await self.stats())
+            stats = dict(await self.stats(namespace))
         except Exception as e:
             if not remote_unavailable(e):
                 raise
             return {"unavailable": error_message(e)}
-        if self.remote and stats.get("bucket_objects") is None:
+        if self.remote and namespace is None and stats.get("bucket_objects") is None:
             try:
                 await self.sync(None)
             except Exception as e:
@@ -121,10 +124,11 @@ class AsyncStore:
                 stats["unavailable"] = error_message(e)
         return stats
 
-    async def snapshot(self, namespace: Optional[str]) -> dict:
-        """The status page's store part (`kvstore.page.store_snapshot`), one namespace or (None) all; with the
-        bucket unreachable, the names the local index holds and `stats` {"unavailable": message}."""
+    async def snapshot(self, namespace: Optional[str], *, stats_namespace: Optional[str] = None) -> dict:
+        """The status page's store part (`kvstore.page.store_snapshot`), one namespace or (None) all, with the
+        sizes of the whole store or (`stats_namespace`) of that namespace only; with the bucket unreachable, the
+        names the local index holds and `stats` {"unavailable": message}."""
         from kvstore.page import store_snapshot
 
-        stats = await self.stats_or_unavailable()
-        return await self._call(store_snapshot, self.core, namespace, stats=stats)
+        stats = await self.stats_or_unavailable(stats_namespace)
+        return await self._call(store_snapshot, self.core, namespace, stats=stats, stats_namespace=stats_namespace)

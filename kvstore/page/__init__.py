@@ -28,6 +28,7 @@ The snapshot (every key optional; a section whose key is missing is left out, so
           "path": str, "scope": str|None,          # None: every namespace is listed
           "stats": Store.stats(),                  # names, manifests, objects, logical_bytes, unique_raw_bytes,
                                                    # stored_bytes, dedup_ratio, compression_ratio, total_ratio, block_size
+          "stats_scope": str|None,                 # the namespace the sizes are of (a tenant's view); None: the store
           "namespaces": [{"namespace": str, "n_tokens": int, "file_bytes": int, "names": [
               {"name": str, "manifest_id": str, "n_tokens": int, "file_bytes": int, "created": float,
                "last_used": float, "parent": str|None, "parent_id": str|None, "children": [str]}]}]},

@@ -14,10 +14,13 @@ from __future__ import annotations
 from typing import Any, Optional
 
 
-def store_snapshot(store: Any, namespace: Optional[str] = None, *,
-                   stats: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def store_snapshot(store: Any, namespace: Optional[str] = None, *, stats: Optional[dict[str, Any]] = None,
+                   stats_namespace: Optional[str] = None) -> dict[str, Any]:
     """`stats`: `store.stats()` read already by the caller (the hooks pass {"unavailable": message} while an S3
-    store's bucket is unreachable); None reads it here."""
+    store's bucket is unreachable); None reads it here. `stats_namespace`: the sizes are that namespace's only
+    (`store.stats(namespace=...)`: what a tenant sees when the server has API keys); None: the whole store's."""
+    if stats is None:
+        stats = store.stats() if stats_namespace is None else store.stats(namespace=stats_namespace)
     items = [dict(x) for x in store.list(namespace=namespace)]
     by_id: dict[str, dict] = {}
     for x in items:
@@ -43,7 +46,8 @@ def store_snapshot(store: Any, namespace: Optional[str] = None, *,
     return {
         "path": str(getattr(store, "path", "")),
         "scope": namespace,
-        "stats": dict(store.stats() if stats is None else stats),
+        "stats": dict(stats),
+        "stats_scope": stats_namespace,
         "namespaces": [{"namespace": ns, "names": names, "n_tokens": sum(n["n_tokens"] for n in names),
                         "file_bytes": sum(n["file_bytes"] for n in names)} for ns, names in sorted(namespaces.items())],
     }

@@ -60,8 +60,8 @@ _STORE = template(
     '(cap {{ bound.evicted.cap|num }}, ttl {{ bound.evicted.ttl|num }}, quota {{ bound.evicted.quota|num }})'
     '</span></div>{% endif %}</div>'
     '<h3>Bytes</h3>{{ bars }}'
-    '<p class="note">Sizes and ratios are for the whole store. Dedup: logical ÷ unique (blocks shared '
-    'between states are kept once). Compression: unique ÷ stored.</p>'
+    '<p class="note" id="sizes-scope">Sizes and ratios are for {{ sizes_note }}. Dedup: logical ÷ unique (blocks '
+    'shared between states are kept once). Compression: unique ÷ stored.</p>'
     '{% for p in parts %}{{ p }}{% else %}<p class="empty">The store holds no names.</p>{% endfor %}</section>')
 
 
@@ -111,6 +111,9 @@ def store_section(snap: dict[str, Any]) -> Union[Markup, str]:
                                               lineage=lineage)))
     bound = snap.get("bound")  # the store's cap (hooks/bound.py describe()); the operator's view only
     evicted = sum((bound.get("evicted") or {}).values()) if bound else 0
-    return Markup(_STORE.render(path=st.get("path") or "", scope_note=scope_note, s=s, logical=logical,
-                                stored=stored, bars=bars, parts=parts, unavailable=s.get("unavailable"),
-                                bound=bound, evicted=evicted))
+    sizes_scope = st.get("stats_scope")
+    sizes_note = "the whole store" if sizes_scope is None else \
+        (f"namespace {sizes_scope} only" if sizes_scope else "the default namespace only")
+    return Markup(_STORE.render(path=st.get("path") or "", scope_note=scope_note, sizes_note=sizes_note, s=s,
+                                logical=logical, stored=stored, bars=bars, parts=parts,
+                                unavailable=s.get("unavailable"), bound=bound, evicted=evicted))

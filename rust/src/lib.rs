@@ -8,6 +8,8 @@
 pub mod format;
 /// `ObjectId`: blake3 ids, hex on disk, short in messages.
 pub mod id;
+/// `Scope`: the key object ids are computed under (per namespace: dedup never crosses tenants).
+pub mod scope;
 /// The prefix-key chain over a state's tokens.
 pub mod prefix_keys;
 /// The backend-neutral error of a place that did not serve (unreachable, locked, refused).

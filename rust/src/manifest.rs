@@ -1,7 +1,8 @@
 //! The manifest record (one saved state), fingerprint canonicalization and checks, the empty-layout rule.
 //!
 //! CONTRACT (docs/design.md "Manifest JSON", "Fingerprint"): a manifest's id is the blake3 of its JSON
-//! (`to_json`, which `from_json` reads back, refusing another version); `fingerprint_id` hashes the
+//! (`to_json`, which `from_json` reads back, refusing another version; unkeyed: the JSON names its `scope`,
+//! the key its skeleton and blocks are addressed under, `crate::scope`); `fingerprint_id` hashes the
 //! canonical JSON of the caller's fingerprint without `n_ctx_slot`; `check_expect` passes only if every key on
 //! both sides is equal (`layout` against the manifest's own; `n_ctx_slot` must hold the state's tokens);
 //! `layout_is_empty` is the one empty-slot rule. The prefix-key chain is `prefix_keys.rs`.
@@ -11,6 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::id::{hex, ObjectId};
+use crate::scope::Scope;
 
 pub const MANIFEST_VERSION: u32 = 1;
 /// Fingerprint key compared as "server context >= state tokens", and left out of `fingerprint_id`.
@@ -65,6 +67,11 @@ pub struct Manifest {
     /// `n_stream` of the saved file (addition to design.md: decides whether a re-emit is byte-exact).
     #[serde(default)]
     pub n_stream: u32,
+    /// The namespace whose key addresses the skeleton and blocks (`crate::scope`); absent: unkeyed (the
+    /// default namespace, and every manifest written before scopes). Omitted from the JSON when absent, so an
+    /// unkeyed manifest's bytes (and id) are those it always had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 impl Manifest {
@@ -78,6 +85,10 @@ impl Manifest {
             return Err(ManifestError::Invalid { id, detail: format!("manifest version {} is not supported", m.version) });
         }
         Ok(m)
+    }
+    /// The scope its skeleton and blocks are addressed in.
+    pub fn object_scope(&self) -> Scope {
+        Scope::recorded(self.scope.as_deref())
     }
     /// Skeleton and distinct blocks: every object this manifest needs besides itself.
     pub fn referenced(&self) -> Vec<ObjectId> {
@@ -169,6 +180,7 @@ mod tests {
             parent: None,
             created: 1,
             n_stream: 1,
+            scope: None,
         }
     }
 
@@ -221,5 +233,12 @@ mod tests {
         let s = String::from_utf8(j.clone()).unwrap();
         assert!(s.starts_with(r#"{"version":1,"fingerprint":{"a":"b"},"fingerprint_id":""#), "{s}");
         assert_eq!(Manifest::from_json(ObjectId::of(&j), &j).unwrap(), m);
+        // An unkeyed manifest has no scope field (its JSON is what it was before scopes); a keyed one names it.
+        assert!(!s.contains("scope"), "{s}");
+        let keyed = Manifest { scope: Some("a".into()), ..m.clone() };
+        let kj = keyed.to_json();
+        assert!(String::from_utf8(kj.clone()).unwrap().ends_with(r#","n_stream":1,"scope":"a"}"#));
+        assert_eq!(Manifest::from_json(ObjectId::of(&kj), &kj).unwrap().object_scope(), Scope::of_namespace("a"));
+        assert_eq!(m.object_scope(), Scope::Unkeyed);
     }
 }

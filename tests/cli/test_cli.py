@@ -25,19 +25,21 @@ def kv(*args, env=None, check_rc=None):
 def test_ingest_ls_stats_materialize_rm_gc_verify(state_files, tmp_path):
     s = tmp_path / "store"
     parent, child = state_files["smollm2_parent"], state_files["smollm2_child"]
-    r = kv("--store", s, "ingest", parent, "--name", "article", "--fingerprint", "model=m1", "n_ctx_slot=2048",
-           check_rc=0)
+    # Both in namespace t: dedup works within a namespace only (docs/design.md "Objects", Scope).
+    r = kv("--store", s, "ingest", parent, "--name", "article", "--namespace", "t", "--fingerprint", "model=m1",
+           "n_ctx_slot=2048", check_rc=0)
     assert "article" in r.stdout and "MiB" in r.stdout
     r = kv("--store", s, "--json", "ingest", child, "--name", "q1", "--parent", "article", "--namespace", "t",
            check_rc=0)
     rep = json.loads(r.stdout)
-    assert rep["n_tokens"] > 300 and rep["reused_bytes"] > 0
+    assert rep["n_tokens"] > 300 and rep["reused_bytes"] > 0 and rep["parent_manifest"]
 
     r = kv("--store", s, "ls", check_rc=0)
     assert "article" in r.stdout and "q1" in r.stdout and "TOKENS" in r.stdout
     r = kv("--store", s, "--json", "ls", "--namespace", "t", check_rc=0)
     items = json.loads(r.stdout)
-    assert [i["name"] for i in items] == ["q1"]
+    assert [i["name"] for i in items] == ["article", "q1"]
+    assert kv("--store", s, "--json", "ls", "--namespace", "", check_rc=0).stdout.strip() == "[]"
 
     r = kv("--store", s, "stats", "--json", check_rc=0)  # --json also after the command
     st = json.loads(r.stdout)
@@ -70,7 +72,7 @@ def test_ingest_ls_stats_materialize_rm_gc_verify(state_files, tmp_path):
     assert tree_snapshot(s / "objects") != snap
     r = kv("--store", s, "verify", check_rc=0)
     assert "ok" in r.stdout
-    kv("--store", s, "materialize", "article", out, check_rc=0)
+    kv("--store", s, "materialize", "article", out, "--namespace", "t", check_rc=0)
     assert out.read_bytes() == parent.read_bytes()
 
 

@@ -40,6 +40,7 @@ def test_lmdb_and_objects_are_readable(store, state_files, tmp_path, oracle):
     src = state_files["gemma3_parent"]
     fp = {"model": "test-model", "n_ctx_slot": "2048"}
     store.ingest("doc", str(src), namespace="team", fingerprint=fp)
+    store.ingest("doc", str(src), namespace="", fingerprint=fp)  # the default namespace: unkeyed ids
     d = tmp_path / "store"
     idx = dump_index(d)
 
@@ -62,14 +63,22 @@ def test_lmdb_and_objects_are_readable(store, state_files, tmp_path, oracle):
     assert man["fingerprint"]["model"] == "test-model"
     assert man["block_size"] == store.block_size
 
-    # every object the manifest names: header, zstd frames, raw length, blake3 of the raw bytes = its id
+    # every object the manifest names: header, zstd frames, raw length, and its id: in the default namespace the
+    # blake3 of the raw bytes; in "team" (the manifest's `scope`) keyed blake3 under derive_key("kvstore object
+    # scope v1", "team") of the same bytes (docs/design.md "Objects"; Python's hashlib has no blake3 to recompute it)
+    plain = json.loads(bytes.fromhex(idx["manifests"][json.loads(bytes.fromhex(idx["names"][b"\0doc".hex()]))
+                                                     ["manifest"]]))
+    assert man["scope"] == "team" and "scope" not in plain, (man.get("scope"), plain.get("scope"))
     ids = [man["skeleton"]] + list(man["blocks"])
+    plain_ids = [plain["skeleton"]] + list(plain["blocks"])
+    assert not set(ids) & set(plain_ids)  # the same bytes under two scopes: two ids
     raw_lens = {}
-    for oid in dict.fromkeys(ids):
+    for oid, plain_oid in dict(zip(ids, plain_ids)).items():
         raw = read_object(object_path(d, oid))
+        assert read_object(object_path(d, plain_oid)) == raw
         tmp = tmp_path / "raw.bin"
         tmp.write_bytes(raw)
-        assert hash_file(str(tmp)) == oid
+        assert hash_file(str(tmp)) == plain_oid
         row = bytes.fromhex(idx["objects"][oid])
         raw_len, stored_len = struct.unpack(">QQ", row)
         assert raw_len == len(raw) and stored_len == object_path(d, oid).stat().st_size

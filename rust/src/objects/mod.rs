@@ -1,5 +1,5 @@
 //! Content-addressed objects: `ObjectStore` puts bytes under their `ObjectId` (blake3 of the uncompressed
-//! bytes) and reads them back verified.
+//! bytes, keyed per namespace: `crate::scope`) and reads them back verified in the scope the caller names.
 //!
 //! CONTRACT (docs/design.md "Objects"): an object is written once, atomically and durably, never rewritten;
 //! a put of present content only refreshes its mtime (gc's grace period protects it); every read re-hashes,
@@ -26,6 +26,7 @@ pub use codec::{decode, encode};
 pub use local::LocalDir;
 
 use crate::id::ObjectId;
+use crate::scope::Scope;
 
 /// Prefix of temporary files beside objects (removed by gc once older than the grace period).
 pub const TEMP_PREFIX: &str = ".tmp-";
@@ -45,6 +46,15 @@ pub struct Put {
 pub struct Got {
     pub bytes: Vec<u8>,
     pub stored_len: u64,
+}
+
+/// What `probe` found.
+#[derive(Debug)]
+pub enum Checked {
+    /// Decoded, and its id is that of its bytes in one of the scopes asked.
+    Matched(Got),
+    /// Decoded, but in none of the scopes asked is its id that of its bytes.
+    InNoScope,
 }
 
 /// Cheap to clone: clones share one backend (the store and its catalog read through the same cache).
@@ -107,8 +117,23 @@ impl ObjectStore {
             .collect())
     }
 
-    /// Read, decode and re-hash. `Missing` if absent, `Corrupt` on any mismatch.
-    pub fn get(&self, id: &ObjectId) -> Result<Got, ObjectError> {
+    /// Read, decode and re-hash in `scope` (the manifest's, `crate::scope`). `Missing` if absent, `Corrupt` on
+    /// any mismatch.
+    pub fn get(&self, id: &ObjectId, scope: &Scope) -> Result<Got, ObjectError> {
+        match self.read_checked(id, std::slice::from_ref(scope), true)? {
+            Checked::Matched(got) => Ok(got),
+            Checked::InNoScope => unreachable!("a mismatch is quarantined and reported as corrupt"),
+        }
+    }
+
+    /// A read for an object whose scope is not known (verify of an object no known manifest references): it
+    /// must decode and match one of `scopes`; bytes that decode but match none are left in place
+    /// (`InNoScope`: a save in a namespace not yet committed, or garbage for gc), never quarantined.
+    pub fn probe(&self, id: &ObjectId, scopes: &[Scope]) -> Result<Checked, ObjectError> {
+        self.read_checked(id, scopes, false)
+    }
+
+    fn read_checked(&self, id: &ObjectId, scopes: &[Scope], mismatch_is_corrupt: bool) -> Result<Checked, ObjectError> {
         // The encoded bytes go to a per-thread buffer, reused from object to object (no fresh pages per read).
         let (checked, stored_len) = READ_BUF.with(|buf| {
             let mut buf = buf.borrow_mut();
@@ -116,17 +141,19 @@ impl ObjectStore {
                 return Err(ObjectError::Missing { id: *id });
             }
             let checked = match decode(&buf) {
-                Ok(bytes) if ObjectId::of(&bytes) == *id => {
+                Ok(bytes) if scopes.iter().any(|s| s.id_of(&bytes) == *id) => {
                     self.backend.verified(id, &buf);
-                    Ok(bytes)
+                    Ok(Some(bytes))
                 }
+                Ok(_) if !mismatch_is_corrupt => Ok(None),
                 Ok(_) => Err("hash mismatch".to_string()),
                 Err(reason) => Err(reason),
             };
             Ok((checked, buf.len() as u64))
         })?;
         match checked {
-            Ok(bytes) => Ok(Got { bytes, stored_len }),
+            Ok(Some(bytes)) => Ok(Checked::Matched(Got { bytes, stored_len })),
+            Ok(None) => Ok(Checked::InNoScope),
             Err(reason) => {
                 // Content addressing would otherwise keep reusing the bad file: a re-ingest of the same bytes
                 // finds the id present and skips the write. Moving it aside lets the next put repair it.
@@ -161,7 +188,7 @@ mod tests {
             let raw = sample(n);
             let put = s.put(&raw, elem, 1).unwrap();
             assert!(put.was_new || n == 0 || put.id == ObjectId::of(&raw));
-            let got = s.get(&put.id).unwrap();
+            let got = s.get(&put.id, &Scope::Unkeyed).unwrap();
             assert_eq!(got.bytes, raw, "n={n} elem={elem}");
             assert_eq!(got.stored_len, put.stored_len);
             let again = s.put(&raw, elem, 1).unwrap();
@@ -181,22 +208,22 @@ mod tests {
         let p = local.path_of(&put.id);
         // A valid object of other content under this id: hash mismatch.
         fs::write(&p, encode(b"something else", 1, 1).unwrap()).unwrap();
-        let e = s.get(&put.id).unwrap_err();
+        let e = s.get(&put.id, &Scope::Unkeyed).unwrap_err();
         assert!(matches!(e, ObjectError::Corrupt { .. }), "{e}");
         assert!(e.to_string().contains("hash mismatch") && e.to_string().contains(&put.id.short()), "{e}");
         // Truncated and garbage files.
         let good = encode(&raw, 2, 1).unwrap();
         fs::create_dir_all(p.parent().unwrap()).unwrap();
         fs::write(&p, &good[..good.len() - 3]).unwrap();
-        assert!(matches!(s.get(&put.id), Err(ObjectError::Corrupt { .. })));
+        assert!(matches!(s.get(&put.id, &Scope::Unkeyed), Err(ObjectError::Corrupt { .. })));
         fs::write(&p, b"KVOB\x01\x00\x01\x00\xff\xff\xff\xff\xff\xff\xff\x7f").unwrap();
-        assert!(matches!(s.get(&put.id), Err(ObjectError::Corrupt { .. })));
+        assert!(matches!(s.get(&put.id, &Scope::Unkeyed), Err(ObjectError::Corrupt { .. })));
         // Each corrupt read moved the file aside, so the id is now missing and the next put repairs it.
         assert!(!p.exists());
         assert_eq!(fs::read_dir(d.0.join(".quarantine")).unwrap().count(), 3);
-        assert!(matches!(s.get(&put.id), Err(ObjectError::Missing { .. })));
+        assert!(matches!(s.get(&put.id, &Scope::Unkeyed), Err(ObjectError::Missing { .. })));
         assert!(s.put(&raw, 2, 1).unwrap().was_new);
-        assert_eq!(s.get(&put.id).unwrap().bytes, raw);
+        assert_eq!(s.get(&put.id, &Scope::Unkeyed).unwrap().bytes, raw);
     }
 
     #[test]
@@ -230,8 +257,8 @@ mod tests {
         for (k, (p, r)) in puts.iter().zip(&raws).enumerate() {
             assert_eq!(p.id, ObjectId::of(r));
             assert_eq!(p.was_new, k != 3);
-            assert_eq!(s.get(&p.id).unwrap().bytes, *r);
-            assert_eq!(s.get(&p.id).unwrap().stored_len, p.stored_len);
+            assert_eq!(s.get(&p.id, &Scope::Unkeyed).unwrap().bytes, *r);
+            assert_eq!(s.get(&p.id, &Scope::Unkeyed).unwrap().stored_len, p.stored_len);
         }
         assert_eq!(puts[3].stored_len, pre.stored_len);
         assert!(s.put_many(&items, 1).unwrap().iter().all(|p| !p.was_new));

@@ -302,9 +302,13 @@ impl PyStore {
         dict(py, &r?)
     }
 
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    #[pyo3(signature = (*, namespace = None))]
+    fn stats<'py>(&self, py: Python<'py>, namespace: Option<String>) -> PyResult<Bound<'py, PyAny>> {
         let s = &self.inner;
-        let r = py.detach(|| s.stats())?;
+        let r = py.detach(|| match &namespace {
+            None => s.stats(),
+            Some(ns) => s.namespace_stats(ns),
+        })?;
         dict(py, &r)
     }
 }

@@ -22,6 +22,7 @@ use crate::id::ObjectId;
 use crate::index::{HeedExt, Index, NameRecord};
 use crate::manifest::Manifest;
 use crate::objects::{ObjectError, ObjectStore};
+use crate::scope::Scope;
 
 /// What a sync reads and writes: the bucket's name records, objects through the cache (manifests, verified),
 /// this machine's index; and when each namespace was last synced.
@@ -78,7 +79,7 @@ pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
         Ok((ns, n, rec))
     })?;
 
-    // Manifests the index lacks: fetched in parallel through the cache, each verified.
+    // Manifests the index lacks: fetched in parallel through the cache, each verified (manifests are unkeyed).
     let known: HashSet<ObjectId> = {
         let r = ix.read_txn()?;
         let mut k = HashSet::new();
@@ -102,7 +103,7 @@ pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
     let mut manifests: HashMap<ObjectId, (Manifest, Vec<u8>)> = HashMap::new();
     for id in &need {
         // A missing or corrupt manifest still gets its name row (gc then refuses, verify names it).
-        let got = match c.cached.get(id) {
+        let got = match c.cached.get(id, &Scope::Unkeyed) {
             Ok(got) => got,
             Err(ObjectError::Missing { .. } | ObjectError::Corrupt { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -181,7 +182,7 @@ fn mirror(c: &Mirror, namespace: &str, name: &str, row: &NameRecord) -> Result<(
     };
     let json = match known {
         Some(j) => j,
-        None => c.cached.get(&row.manifest)?.bytes,
+        None => c.cached.get(&row.manifest, &Scope::Unkeyed)?.bytes,
     };
     let m = Manifest::from_json(row.manifest, &json)?;
     let mut w = ix.write_txn()?;

@@ -4,8 +4,9 @@
 //! knows (empty slots excepted); writes skeleton, distinct blocks and manifest in one durable batch under the
 //! catalog's save lock, has the catalog commit the name (where names live: a reader never sees a name whose
 //! objects are not all stored), then commits manifest, name, prefix and object rows in one LMDB transaction.
-//! A parent is lineage only: an unknown one is recorded as none. The report carries the state's layout, so
-//! a caller learning its server's layout needs no second read.
+//! Objects are addressed in the namespace's scope (`crate::scope`), which the manifest records. A parent is
+//! lineage only: an unknown one (or a manifest of another scope) is recorded as none. The report carries the
+//! state's layout, so a caller learning its server's layout needs no second read.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -23,6 +24,7 @@ use crate::manifest::{
     MANIFEST_VERSION,
 };
 use crate::objects::Put;
+use crate::scope::Scope;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct IngestReport {
@@ -109,12 +111,14 @@ impl Store {
         }
         let fingerprint = &fingerprint;
 
-        // Hash every block (parallel), keep the first occurrence of each distinct one.
-        let ids: Vec<ObjectId> = d.blocks.par_iter().map(|b| ObjectId::of(&b.bytes)).collect();
+        // Hash every block (parallel) in the namespace's scope (dedup never crosses namespaces), keep the first
+        // occurrence of each distinct one.
+        let scope = Scope::of_namespace(namespace);
+        let ids: Vec<ObjectId> = d.blocks.par_iter().map(|b| scope.id_of(&b.bytes)).collect();
         let mut seen = HashSet::with_capacity(ids.len());
         let distinct: Vec<usize> = (0..ids.len()).filter(|&i| seen.insert(ids[i])).collect();
 
-        let skeleton_id = ObjectId::of(&d.skeleton);
+        let skeleton_id = scope.id_of(&d.skeleton);
         let fid = fingerprint_id(fingerprint);
         let manifest = Manifest {
             version: MANIFEST_VERSION,
@@ -131,6 +135,7 @@ impl Store {
             parent: parent_manifest,
             created: now_secs(),
             n_stream: d.n_stream,
+            scope: scope.namespace().map(str::to_string),
         };
         let json = manifest.to_json();
         let mid = ObjectId::of(&json);
@@ -210,8 +215,9 @@ impl Store {
         })
     }
 
-    /// A parent given as a name in the same namespace, or as a stored manifest id (hex). Unknown parents are
-    /// recorded as none: the state itself is complete, the parent is only lineage.
+    /// A parent given as a name in the same namespace, or as a stored manifest id (hex) of a state saved in the
+    /// same scope (another tenant's manifest is unknown here: a reply naming it would tell that it exists).
+    /// Unknown parents are recorded as none: the state itself is complete, the parent is only lineage.
     fn resolve_parent(&self, namespace: &str, parent: &str) -> Result<Option<ObjectId>> {
         let ix = &*self.index;
         let r = ix.read_txn()?;
@@ -221,8 +227,10 @@ impl Store {
             }
         }
         if let Ok(id) = parent.parse::<ObjectId>() {
-            if ix.manifests.get(&r, &id).ix(ix)?.is_some() {
-                return Ok(Some(id));
+            if let Some(json) = ix.manifests.get(&r, &id).ix(ix)? {
+                if Manifest::from_json(id, json)?.object_scope() == Scope::of_namespace(namespace) {
+                    return Ok(Some(id));
+                }
             }
         }
         validate_name(parent, "name")?;

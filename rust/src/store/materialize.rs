@@ -56,9 +56,10 @@ impl Store {
         want.retain(|id| seen.insert(*id));
         // A bucket store fetches what its cache lacks in parallel (a local store: nothing).
         self.objects.backend().prefetch(&want)?;
+        let scope = manifest.object_scope();
         let got: Vec<(ObjectId, Got)> = want
             .par_iter()
-            .map(|id| self.objects.get(id).map(|g| (*id, g)))
+            .map(|id| self.objects.get(id, &scope).map(|g| (*id, g)))
             .collect::<std::result::Result<_, ObjectError>>()?;
         let objects_read = got.len();
         let mut read_raw_bytes = 0;

@@ -29,6 +29,7 @@ use crate::id::ObjectId;
 use crate::index::{validate_name, HeedExt, Index, NameRecord};
 use crate::manifest::Manifest;
 use crate::objects::{ObjectError, ObjectStore};
+use crate::scope::Scope;
 
 mod states;
 mod ingest;
@@ -37,6 +38,8 @@ mod materialize;
 mod cut;
 mod stats;
 mod verify;
+#[cfg(test)]
+mod scope_tests;
 
 pub use states::StateInfo;
 pub use ingest::IngestReport;
@@ -180,7 +183,7 @@ impl Store {
         if let Some(bytes) = ix.manifests.get(r, &id).ix(ix)? {
             return Ok(Manifest::from_json(id, bytes)?);
         }
-        match self.objects.get(&id) {
+        match self.objects.get(&id, &Scope::Unkeyed) {
             Ok(got) => Ok(Manifest::from_json(id, &got.bytes)?),
             Err(ObjectError::Missing { .. }) => Err(Error::ManifestNotFound { id: id.hex() }),
             Err(e) => Err(e.into()),

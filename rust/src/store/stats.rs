@@ -2,16 +2,20 @@
 //!
 //! CONTRACT: syncs the names first (quietly: an unreachable place leaves the index as it is); sizes are the
 //! index's object rows (this machine's saves); a layered backend adds what its primary copy and its cache
-//! hold (`Backend::usage`; the primary's counts are None when it could not be listed).
+//! hold (`Backend::usage`; the primary's counts are None when it could not be listed). `namespace_stats(ns)`
+//! is the same figures for one namespace: its names, the manifests they reference (displaced ones too) and
+//! the distinct objects those need, nothing store-wide (bucket and cache sizes None). With scoped object ids
+//! (`crate::scope`) no object of a namespace `!= ""` is shared with another, so its `stored_bytes` are bytes
+//! that namespace alone holds, and they never depend on what another tenant stored.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::Store;
 use crate::error::Result;
 use crate::id::ObjectId;
-use crate::index::HeedExt;
+use crate::index::{validate_name, HeedExt};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
@@ -42,6 +46,66 @@ fn ratio(a: u64, b: u64) -> f64 {
 }
 
 impl Store {
+    /// One namespace's figures (see the file's contract): what a tenant may see of the store.
+    pub fn namespace_stats(&self, namespace: &str) -> Result<Stats> {
+        validate_name(namespace, "namespace")?;
+        self.sync_quietly(Some(namespace))?;
+        let ix = &*self.index;
+        let r = ix.read_txn()?;
+        let (mut names, mut logical) = (0u64, 0u64);
+        let mut manifests: HashMap<ObjectId, u64> = HashMap::new();
+        let mut objects: HashSet<ObjectId> = HashSet::new();
+        for (_, _, rec) in ix.names_in(&r, Some(namespace))? {
+            names += 1;
+            for (k, mid) in std::iter::once(rec.manifest).chain(rec.displaced).enumerate() {
+                let file_bytes = match manifests.get(&mid) {
+                    Some(&n) => n,
+                    None => {
+                        // A manifest that cannot be read adds only itself (verify names it).
+                        let n = match self.read_manifest(&r, mid) {
+                            Ok(m) => {
+                                objects.extend(m.referenced());
+                                m.file_bytes
+                            }
+                            Err(_) => 0,
+                        };
+                        objects.insert(mid);
+                        manifests.insert(mid, n);
+                        n
+                    }
+                };
+                if k == 0 {
+                    logical += file_bytes;
+                }
+            }
+        }
+        // Sized, like the store's figures, by the index's object rows (this machine's saves).
+        let (mut n_objects, mut raw, mut stored) = (0u64, 0u64, 0u64);
+        for id in &objects {
+            if let Some(row) = ix.objects.get(&r, id).ix(ix)? {
+                n_objects += 1;
+                raw += row.raw_len;
+                stored += row.stored_len;
+            }
+        }
+        Ok(Stats {
+            names,
+            manifests: manifests.len() as u64,
+            objects: n_objects,
+            logical_bytes: logical,
+            unique_raw_bytes: raw,
+            stored_bytes: stored,
+            dedup_ratio: ratio(logical, raw),
+            compression_ratio: ratio(raw, stored),
+            total_ratio: ratio(logical, stored),
+            block_size: self.block_size,
+            bucket_objects: None,
+            bucket_bytes: None,
+            cache_bytes: None,
+            cache_limit: None,
+        })
+    }
+
     pub fn stats(&self) -> Result<Stats> {
         #[derive(Deserialize)]
         struct Sizes {

@@ -2,20 +2,32 @@
 //! they hit.
 //!
 //! CONTRACT: read-only apart from quarantine (a corrupt object found is moved aside, like any read does).
+//! Each object is re-hashed in the scope of the manifests that reference it (`crate::scope`; manifests are
+//! unkeyed); one no manifest the index knows references must match some known scope (unkeyed, or a namespace
+//! of a name or manifest here), else it is counted in `unscoped` and left in place: it may be a save in a
+//! namespace not committed yet, or garbage for gc, and its content cannot be checked without its scope.
 //! Names are synced first. A layered backend (`Backend::layers`: a cache in front of where objects live) is
 //! checked in its primary copy, its cache, or both (`Where`); objects a cache lacks are not missing. A
 //! single copy takes `Where::Both` only.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{NameRef, Store};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::id::ObjectId;
-use crate::error::Error;
-use crate::objects::{ObjectError, ObjectStore};
+use crate::index::HeedExt;
+use crate::manifest::Manifest;
+use crate::objects::{Checked, ObjectError, ObjectStore};
+use crate::scope::Scope;
+
+/// An object read by verify that is not corrupt: checked, or of no known scope.
+enum Fine {
+    Ok,
+    Unscoped,
+}
 
 /// Which copies `verify` checks (a local store has one: `Both`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +52,8 @@ impl std::str::FromStr for Where {
 #[derive(Debug, Clone, Serialize)]
 pub struct VerifyReport {
     pub objects_checked: usize,
+    /// Objects no known manifest references whose bytes match their id in no known scope (left for gc).
+    pub unscoped: usize,
     pub corrupt: Vec<String>,
     pub missing: Vec<String>,
     pub names_affected: Vec<NameRef>,
@@ -70,6 +84,7 @@ impl Store {
                 let c = self.verify_objects(&cache, false, progress)?;
                 let mut b = self.verify_objects(&primary, true, progress)?;
                 b.objects_checked += c.objects_checked;
+                b.unscoped += c.unscoped;
                 for id in c.corrupt {
                     if !b.corrupt.contains(&id) {
                         b.corrupt.push(id);
@@ -96,21 +111,39 @@ impl Store {
     ) -> Result<VerifyReport> {
         let all = objects.backend().list()?;
         let total = all.len();
+        let (scope_of, known) = {
+            let r = self.index.read_txn()?;
+            self.object_scopes(&r)?
+        };
+        let mut unscoped = 0usize;
         let mut corrupt: Vec<ObjectId> = Vec::new();
         let mut present: HashSet<ObjectId> = HashSet::with_capacity(total);
         let mut done = 0;
         progress(0, total)?;
         for chunk in all.chunks(64) {
-            let bad: Vec<Option<ObjectId>> = chunk
+            let read = |id: &ObjectId| match scope_of.get(id) {
+                Some(scope) => objects.get(id, scope).map(|_| Fine::Ok),
+                None => objects.probe(id, &known).map(|c| match c {
+                    Checked::Matched(_) => Fine::Ok,
+                    Checked::InNoScope => Fine::Unscoped,
+                }),
+            };
+            let bad: Vec<Option<Result<ObjectId, ()>>> = chunk
                 .par_iter()
-                .map(|id| match objects.get(id) {
-                    Ok(_) => Ok(None),
-                    Err(ObjectError::Corrupt { .. }) => Ok(Some(*id)),
+                .map(|id| match read(id) {
+                    Ok(Fine::Ok) => Ok(None),
+                    Ok(Fine::Unscoped) => Ok(Some(Err(()))),
+                    Err(ObjectError::Corrupt { .. }) => Ok(Some(Ok(*id))),
                     Err(ObjectError::Missing { .. }) => Ok(None), // deleted meanwhile (gc)
                     Err(e) => Err(e),
                 })
                 .collect::<std::result::Result<_, ObjectError>>()?;
-            corrupt.extend(bad.into_iter().flatten());
+            for b in bad.into_iter().flatten() {
+                match b {
+                    Ok(id) => corrupt.push(id),
+                    Err(()) => unscoped += 1,
+                }
+            }
             present.extend(chunk.iter().copied());
             done += chunk.len();
             progress(done, total)?;
@@ -149,7 +182,41 @@ impl Store {
         corrupt.sort();
         let mut missing: Vec<String> = missing.iter().map(ObjectId::hex).collect();
         missing.sort();
-        Ok(VerifyReport { objects_checked: total, corrupt, missing, names_affected })
+        Ok(VerifyReport { objects_checked: total, unscoped, corrupt, missing, names_affected })
+    }
+
+    /// The scope each object is addressed in, from every manifest the index holds and every live name's
+    /// (manifests themselves unkeyed), and every scope known here (unkeyed, each namespace of a name).
+    fn object_scopes(&self, r: &heed::RoTxn) -> Result<(HashMap<ObjectId, Scope>, Vec<Scope>)> {
+        let ix = &*self.index;
+        let mut scope_of: HashMap<ObjectId, Scope> = HashMap::new();
+        let mut known: HashSet<Scope> = HashSet::from([Scope::Unkeyed]);
+        fn add(mid: ObjectId, m: &Manifest, scope_of: &mut HashMap<ObjectId, Scope>, known: &mut HashSet<Scope>) {
+            let scope = m.object_scope();
+            for id in m.referenced() {
+                scope_of.insert(id, scope.clone());
+            }
+            scope_of.insert(mid, Scope::Unkeyed);
+            known.insert(scope);
+        }
+        for kv in ix.manifests.iter(r).ix(ix)? {
+            let (mid, json) = kv.ix(ix)?;
+            if let Ok(m) = Manifest::from_json(mid, json) {
+                add(mid, &m, &mut scope_of, &mut known);
+            }
+        }
+        // Live manifests the index lacks (read from their objects; unreadable ones are live_set's to report).
+        for (namespace, _, rec) in ix.names_in(r, None)? {
+            for mid in std::iter::once(rec.manifest).chain(rec.displaced) {
+                if !scope_of.contains_key(&mid) {
+                    if let Ok(m) = self.read_manifest(r, mid) {
+                        add(mid, &m, &mut scope_of, &mut known);
+                    }
+                }
+            }
+            known.insert(Scope::of_namespace(&namespace));
+        }
+        Ok((scope_of, known.into_iter().collect()))
     }
 }
 
