@@ -3,7 +3,7 @@
 llama.cpp's results depend slightly on how a sequence is evaluated: which other slot's tokens share its decode
 batch, and whether its prompt is evaluated whole or continues cells an earlier turn left. So a greedy reply may
 leave the single-client full evaluation with no kvstore involved at all. The test measures both effects on a plain
-llama-server (xllamacpp, `--cache-ram 0`, same 2 slots, same prompts, greedy, 8 tokens, `n_probs` 2):
+llama-server (xllamacpp, `--cache-ram 0`, same 2 slots, same prompts, greedy, N_PREDICT tokens, `n_probs` 2):
 
 * full: one client, every prompt from scratch (`cache_prompt: false`);
 * path: one client, each name's turns in one slot, each later turn continuing its earlier turns' cells;
