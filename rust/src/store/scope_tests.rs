@@ -127,7 +127,7 @@ fn keyed_and_old_unkeyed_real_states_round_trip() {
     // Old: the default namespace's (unkeyed) state, named in a namespace as a store made before scopes has it.
     let old = ingest_real(&s, "old", "", &bytes);
     let manifest = old.manifest_id.parse().unwrap();
-    let rec = NameRecord { manifest, created: now_f64(), last_used: now_f64(), etag: None, displaced: vec![] };
+    let rec = NameRecord { manifest, created: now_f64(), last_used: now_f64(), etag: None, displaced: vec![], retention: Default::default() };
     let mut w = s.index.write_txn().unwrap();
     s.index.names.put(&mut w, &("legacy", "old"), &rec).ix(&s.index).unwrap();
     w.commit().unwrap();
