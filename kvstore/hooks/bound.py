@@ -7,7 +7,7 @@ info)` then gives the name the retention its request asked for (`ask()`, kept un
 default ttl, and adds the save's new bytes to the estimates (an estimate still over a bound evicts then). `run()`
 also evicts expired names every `period` seconds once any ttl is in play. One eviction at a time, in a worker thread,
 under the core's gc lock (saves wait for it); the names the slot table holds (resident, being restored or saved, and
-their parents) are protected. A failed eviction or a refused pin at save time is logged and counted, never a failed
+their parents) and those of every request under way (`in_use`) are protected. A failed eviction or a refused pin at save time is logged and counted, never a failed
 request: a name evicted is only a miss later.
 """
 from __future__ import annotations
@@ -94,6 +94,7 @@ class Bound:
         self.quotas = dict(quotas or {})
         self.protect, self.period = protect, period
         self.pending: dict[Key, Ask] = {}
+        self.in_use_keys: Counter = Counter()  # names (and parents) of requests under way: never evicted now
         self.reserved: dict[str, int] = {}  # namespace -> bytes of the ingests under way (reserve())
         self.refused: dict[Key, str] = {}  # pins refused at a save (the prime route answers them 507)
         self.used: Optional[int] = None  # estimate of the store's stored bytes (None: not counted yet)
@@ -140,6 +141,20 @@ class Bound:
             return
         await self.store.set_retention(key[1], namespace=key[0], ttl_seconds=ttl, pinned=pin,
                                        max_bytes=self.max_bytes)
+
+    @contextlib.asynccontextmanager
+    async def in_use(self, *keys: Optional[Key]) -> AsyncIterator[None]:
+        """While a request is under way (waiting for a slot, restoring, evaluating, saving), its name and parent
+        are protected from eviction."""
+        held = [k for k in keys if k is not None]
+        self.in_use_keys.update(held)
+        try:
+            yield
+        finally:
+            self.in_use_keys.subtract(held)
+            for k in held:
+                if self.in_use_keys[k] <= 0:
+                    del self.in_use_keys[k]
 
     # ---- saves ----------------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -200,7 +215,7 @@ class Bound:
 
     async def evict_now(self, *, dry_run: bool = False) -> Optional[dict]:
         """One eviction (or its plan); None when it failed (logged, counted)."""
-        protect = sorted(set(self.protect()))
+        protect = sorted(set(self.protect()) | set(self.in_use_keys))
         # Room for the ingests under way: evict as if the cap and quotas were smaller by what they may add.
         room = sum(self.reserved.values())
         max_bytes = None if self.max_bytes is None else max(1, self.max_bytes - room)

@@ -63,7 +63,8 @@ class Handlers:
         bd.strip_fields(body)
         await w.bound.ask(naming.key, asked)
         tokens_fn = Once(lambda: w.broker.prompt_tokens(body, chat))
-        async with w.broker.hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
+        async with w.bound.in_use(naming.key, naming.parent_key), \
+                w.broker.hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
             slot = lease.slot
             body["id_slot"] = slot.id
             body["cache_prompt"] = True
@@ -106,7 +107,8 @@ class Handlers:
         asked = bd.ask_of(request.headers, body)
         bound = self.h.wired.bound
         await bound.ask((ns, name), asked)
-        r = await self.h.wired.broker.prime(nm.Naming(ns, name, parent or None), prompt)
+        async with bound.in_use((ns, name), (ns, parent) if parent else None):
+            r = await self.h.wired.broker.prime(nm.Naming(ns, name, parent or None), prompt)
         refused = bound.refused.pop((ns, name), None)
         if refused is not None:
             raise StoreFull(f"stored {name!r}, but not pinned: {refused}")
