@@ -178,97 +178,109 @@ impl Counts {
     }
 }
 
+impl Counts {
+    /// What the kept names hold: every object sized by the backend's own listing (also returned: its sum, the
+    /// store's stored bytes), each kept name's objects (manifest, skeleton, blocks; displaced manifests too).
+    fn of(store: &Store, protect: &HashSet<(String, String)>, now: f64) -> Result<(Counts, u64)> {
+        let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
+        for (id, _, len) in store.objects().backend().list_stamped()? {
+            sizes.insert(id, len);
+        }
+        let used: u64 = sizes.values().sum();
+        let ix = store.index();
+        let r = ix.read_txn()?;
+        let (_, manifests, _unreadable) = store.live_set(&r)?;
+        let mut obj_index: HashMap<ObjectId, usize> = HashMap::new();
+        let mut c = Counts {
+            namespaces: Vec::new(),
+            held: Vec::new(),
+            size: Vec::new(),
+            holders: Vec::new(),
+            refs: Vec::new(),
+            ns_refs: HashMap::new(),
+            ns_bytes: Vec::new(),
+            live: 0,
+        };
+        let mut ns_index: HashMap<String, usize> = HashMap::new();
+        for (namespace, name, rec) in ix.names_in(&r, None)? {
+            let ns = *ns_index.entry(namespace.clone()).or_insert_with(|| {
+                c.namespaces.push(namespace.clone());
+                c.ns_bytes.push(0);
+                c.namespaces.len() - 1
+            });
+            let mut ids: Vec<ObjectId> = Vec::new();
+            for m in std::iter::once(&rec.manifest).chain(&rec.displaced) {
+                ids.push(*m);
+                ids.extend(manifests.get(m).into_iter().flatten().copied());
+            }
+            ids.sort_unstable();
+            ids.dedup();
+            let k = c.held.len();
+            let mut objects = Vec::with_capacity(ids.len());
+            let mut total = 0;
+            for id in ids {
+                let o = *obj_index.entry(id).or_insert_with(|| {
+                    c.size.push(sizes.get(&id).copied().unwrap_or(0));
+                    c.holders.push(Vec::new());
+                    c.refs.push(0);
+                    c.size.len() - 1
+                });
+                c.holders[o].push(k);
+                c.refs[o] += 1;
+                if c.refs[o] == 1 {
+                    c.live += c.size[o];
+                }
+                let nr = c.ns_refs.entry((ns, o)).or_insert(0);
+                *nr += 1;
+                if *nr == 1 {
+                    c.ns_bytes[ns] += c.size[o];
+                }
+                total += c.size[o];
+                objects.push(o);
+            }
+            let ret = rec.retention;
+            let protected = protect.contains(&(namespace, name.clone()));
+            c.held.push(Held {
+                ns,
+                name,
+                last_used: rec.last_used,
+                pinned: ret.pinned,
+                expired: ret.expires(rec.last_used).is_some_and(|t| t <= now),
+                protected,
+                objects,
+                total,
+                owned: 0,
+                gone: false,
+            });
+        }
+        for k in 0..c.held.len() {
+            c.held[k].owned = c.held[k].objects.iter().filter(|&&o| c.refs[o] == 1).map(|&o| c.size[o]).sum();
+        }
+        Ok((c, used))
+    }
+
+    /// Stored bytes of the distinct objects the pinned names reference, with name `also` counted as pinned.
+    fn pinned_bytes(&self, also: Option<usize>) -> u64 {
+        let mut seen = HashSet::new();
+        (0..self.held.len())
+            .filter(|&k| self.held[k].pinned || Some(k) == also)
+            .flat_map(|k| self.held[k].objects.iter())
+            .filter(|o| seen.insert(**o))
+            .map(|&o| self.size[o])
+            .sum()
+    }
+}
+
 /// Count what the kept names hold and plan the victims. Changes nothing.
 pub fn plan_eviction(store: &Store, limits: &Limits) -> Result<EvictPlan> {
     let low = limits.low_water;
     if !(low > 0.0 && low <= 1.0) {
         return Err(Error::Invalid(format!("low water must be in (0, 1], got {low}")));
     }
-    let now = now_f64();
-    let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
-    for (id, _, len) in store.objects().backend().list_stamped()? {
-        sizes.insert(id, len);
-    }
-    let used: u64 = sizes.values().sum();
-
-    let ix = store.index();
-    let r = ix.read_txn()?;
-    let (names, manifests, _unreadable) = store.live_set(&r)?;
-    let records: HashMap<(String, String), crate::index::NameRecord> =
-        ix.names_in(&r, None)?.into_iter().map(|(ns, n, rec)| ((ns, n), rec)).collect();
-    let mut obj_index: HashMap<ObjectId, usize> = HashMap::new();
-    let mut c = Counts {
-        namespaces: Vec::new(),
-        held: Vec::new(),
-        size: Vec::new(),
-        holders: Vec::new(),
-        refs: Vec::new(),
-        ns_refs: HashMap::new(),
-        ns_bytes: Vec::new(),
-        live: 0,
-    };
-    let mut ns_index: HashMap<String, usize> = HashMap::new();
-    for (n, mid) in &names {
-        let Some(rec) = records.get(&(n.namespace.clone(), n.name.clone())) else { continue };
-        let ns = *ns_index.entry(n.namespace.clone()).or_insert_with(|| {
-            c.namespaces.push(n.namespace.clone());
-            c.ns_bytes.push(0);
-            c.namespaces.len() - 1
-        });
-        let mut ids: Vec<ObjectId> = vec![*mid];
-        ids.extend(manifests.get(mid).into_iter().flatten().copied());
-        for d in &rec.displaced {
-            ids.push(*d);
-            ids.extend(manifests.get(d).into_iter().flatten().copied());
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        let k = c.held.len();
-        let mut objects = Vec::with_capacity(ids.len());
-        let mut total = 0;
-        for id in ids {
-            let o = *obj_index.entry(id).or_insert_with(|| {
-                c.size.push(sizes.get(&id).copied().unwrap_or(0));
-                c.holders.push(Vec::new());
-                c.refs.push(0);
-                c.size.len() - 1
-            });
-            c.holders[o].push(k);
-            c.refs[o] += 1;
-            if c.refs[o] == 1 {
-                c.live += c.size[o];
-            }
-            let nr = c.ns_refs.entry((ns, o)).or_insert(0);
-            *nr += 1;
-            if *nr == 1 {
-                c.ns_bytes[ns] += c.size[o];
-            }
-            total += c.size[o];
-            objects.push(o);
-        }
-        let ret = rec.retention;
-        c.held.push(Held {
-            ns,
-            name: n.name.clone(),
-            last_used: rec.last_used,
-            pinned: ret.pinned,
-            expired: ret.expires(rec.last_used).is_some_and(|t| t <= now),
-            protected: limits.protect.contains(&(n.namespace.clone(), n.name.clone())),
-            objects,
-            total,
-            owned: 0,
-            gone: false,
-        });
-    }
-    for k in 0..c.held.len() {
-        c.held[k].owned = c.held[k].objects.iter().filter(|&&o| c.refs[o] == 1).map(|&o| c.size[o]).sum();
-    }
+    let (mut c, used) = Counts::of(store, &limits.protect, now_f64())?;
     let live_before = c.live;
-    let pinned_bytes = {
-        let mut seen = HashSet::new();
-        c.held.iter().filter(|h| h.pinned).flat_map(|h| h.objects.iter()).filter(|o| seen.insert(**o)).map(|&o| c.size[o]).sum()
-    };
-    let namespaces: Vec<NamespaceUse> = (0..c.namespaces.len())
+    let pinned_bytes = c.pinned_bytes(None);
+    let mut namespaces: Vec<NamespaceUse> = (0..c.namespaces.len())
         .map(|ns| NamespaceUse {
             namespace: c.namespaces[ns].clone(),
             names: c.held.iter().filter(|h| h.ns == ns).count(),
@@ -278,7 +290,6 @@ pub fn plan_eviction(store: &Store, limits: &Limits) -> Result<EvictPlan> {
         })
         .collect();
 
-    let mut namespaces = namespaces;
     let mut victims = Vec::new();
     let mut take = |c: &mut Counts, k: usize, reason: Reason| {
         let last_used = c.held[k].last_used;
@@ -376,33 +387,13 @@ pub fn evict(store: &Store, limits: &Limits, dry_run: bool) -> Result<EvictRepor
     Ok(EvictReport { plan, evicted, freed_bytes: swept.freed_bytes, dead_objects: swept.dead_objects, dry_run: false })
 }
 
-/// Refuse a pin that would put the pinned names' bytes over `max_bytes`.
+/// Refuse a pin that would put the pinned names' bytes over `max_bytes`, counted as the cap counts them.
 pub fn check_pin(store: &Store, namespace: &str, name: &str, max_bytes: u64) -> Result<()> {
-    let ix = store.index();
-    let r = ix.read_txn()?;
-    let (names, manifests, _) = store.live_set(&r)?;
-    let records: HashMap<(String, String), crate::index::NameRecord> =
-        ix.names_in(&r, None)?.into_iter().map(|(ns, n, rec)| ((ns, n), rec)).collect();
-    let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
-    for kv in ix.objects.iter(&r).ix(ix)? {
-        let (id, row) = kv.ix(ix)?;
-        sizes.insert(id, row.stored_len);
-    }
-    let mut pinned: HashSet<ObjectId> = HashSet::new();
-    let mut found = false;
-    for (n, mid) in &names {
-        let this = n.namespace == namespace && n.name == name;
-        found |= this;
-        let is_pinned = records.get(&(n.namespace.clone(), n.name.clone())).is_some_and(|r| r.retention.pinned);
-        if this || is_pinned {
-            pinned.insert(*mid);
-            pinned.extend(manifests.get(mid).into_iter().flatten().copied());
-        }
-    }
-    if !found {
-        return Err(Error::NameNotFound { namespace: namespace.into(), name: name.into() });
-    }
-    let bytes: u64 = pinned.iter().map(|id| sizes.get(id).copied().unwrap_or(0)).sum();
+    let (c, _) = Counts::of(store, &HashSet::new(), now_f64())?;
+    let k = (0..c.held.len())
+        .find(|&k| c.namespaces[c.held[k].ns] == namespace && c.held[k].name == name)
+        .ok_or_else(|| Error::NameNotFound { namespace: namespace.into(), name: name.into() })?;
+    let bytes = c.pinned_bytes(Some(k));
     if bytes > max_bytes {
         return Err(Error::PinOverCap { name: name.into(), pinned_bytes: bytes, max_bytes });
     }
