@@ -56,19 +56,20 @@ class LocationError(ValueError):
     """A store location or cache setting that cannot be used; the message says what is accepted."""
 
 
-def parse_size(value: Union[str, int, None]) -> Optional[int]:
-    """Bytes from `10G`, `512M`, `1.5g`, `2GiB`, `100000` (K/M/G/T are powers of 1024); None stays None."""
+def parse_size(value: Union[str, int, None], what: str = "cache size") -> Optional[int]:
+    """Bytes from `10G`, `512M`, `1.5g`, `2GiB`, `100000` (K/M/G/T are powers of 1024); None stays None. `what`
+    names the setting in the error (a `LocationError`)."""
     if value is None or isinstance(value, int):
         if isinstance(value, int) and value <= 0:
-            raise LocationError(f"cache size {value}: must be positive")
+            raise LocationError(f"{what} {value}: must be positive")
         return value
     m = _SIZE.match(str(value))
     if not m:
-        raise LocationError(f"cache size {value!r}: expected bytes, optionally with a suffix K, M, G or T "
+        raise LocationError(f"{what} {value!r}: expected bytes, optionally with a suffix K, M, G or T "
                             "(powers of 1024), e.g. 10G")
     n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n <= 0:
-        raise LocationError(f"cache size {value!r}: must be positive")
+        raise LocationError(f"{what} {value!r}: must be positive")
     return n
 
 

@@ -68,8 +68,7 @@ def cmd_ls(args) -> int:
 def cmd_rm(args) -> int:
     removed = _store(args).remove(args.name, namespace=args.namespace)
     if not removed:
-        raise NameNotFound(f"no state named {args.name!r}" + (f" in namespace {args.namespace!r}" if args.namespace
-                                                                else "") + "; see `kvstore ls`")
+        raise _not_found(args.name, args.namespace)
     emit(args, {"removed": args.name, "namespace": args.namespace},
          lambda: f"removed {args.name!r}; run `kvstore gc` to free its unshared objects")
     return 0
@@ -91,12 +90,22 @@ def cmd_gc(args) -> int:
     return 0
 
 
+def _max_size(args):
+    """`--max-size SIZE` in bytes (None when not given); a bad SIZE is a CliError naming the flag."""
+    try:
+        return config.parse_size(getattr(args, "max_size", None), "--max-size")
+    except config.LocationError as e:
+        raise CliError(str(e)) from None
+
+
+def _not_found(name: str, namespace: str) -> NameNotFound:
+    return NameNotFound(f"no state named {name!r}" + (f" in namespace {namespace!r}" if namespace else "")
+                        + "; see `kvstore ls`")
+
+
 def _evict(args) -> int:
     """`kvstore gc --max-size SIZE`: evict to the size (planned; a dry run lists the victims), then sweep."""
-    try:
-        cap = config.parse_size(args.max_size)
-    except config.LocationError as e:
-        raise CliError(str(e).replace("cache size", "--max-size")) from None
+    cap = _max_size(args)
     if not 0 < args.low_water <= 1:
         raise CliError(f"--low-water {args.low_water}: must be in (0, 1]")
     r = _store(args).evict(max_bytes=cap, low_water=args.low_water, dry_run=args.dry_run)
@@ -129,14 +138,8 @@ def _retention(args, pinned: bool) -> int:
     store = _store(args)
     info = store.get(args.name, namespace=args.namespace)
     if info is None:
-        raise NameNotFound(f"no state named {args.name!r}" + (f" in namespace {args.namespace!r}" if args.namespace
-                                                                else "") + "; see `kvstore ls`")
-    cap = None
-    if pinned and getattr(args, "max_size", None) is not None:
-        try:
-            cap = config.parse_size(args.max_size)
-        except config.LocationError as e:
-            raise CliError(str(e).replace("cache size", "--max-size")) from None
+        raise _not_found(args.name, args.namespace)
+    cap = _max_size(args) if pinned else None
     store.set_retention(args.name, namespace=args.namespace, ttl_seconds=info.get("ttl_s"), pinned=pinned,
                         max_bytes=cap)
     emit(args, {"name": args.name, "namespace": args.namespace, "pinned": pinned},

@@ -118,9 +118,9 @@ def parse_key_file(text: str, source: str = "key file") -> dict[str, KeyEntry]:
         quota = None
         for f in [f for f in flags if f.startswith("quota=")]:
             try:
-                quota = parse_size(f[len("quota="):])
+                quota = parse_size(f[len("quota="):], "quota")
             except LocationError as e:
-                raise ValueError(f"{source}:{i}: {str(e).replace('cache size', 'quota')}") from None
+                raise ValueError(f"{source}:{i}: {e}") from None
             flags.remove(f)
         bad = [f for f in flags if f not in FLAGS]
         if bad:

@@ -38,7 +38,7 @@ Key = tuple[str, str]
 
 
 @dataclass(frozen=True)
-class Ask:
+class RetentionAsk:
     """What a request asked for its name: a ttl in seconds and/or a pin (None: unchanged)."""
 
     ttl: Optional[float] = None
@@ -72,12 +72,12 @@ def _pin(value: object) -> bool:
     raise BadRequest(f"{PIN_FIELD} / {PIN_HEADER}: {value!r}: want true or false (header: 1 or 0)")
 
 
-def ask_of(headers: Mapping[str, str], body: Optional[Mapping[str, Any]]) -> Ask:
+def ask_of(headers: Mapping[str, str], body: Optional[Mapping[str, Any]]) -> RetentionAsk:
     """The retention a request asks for (body field, else header); raises BadRequest for a bad value."""
     body = body or {}
     ttl = body.get(TTL_FIELD, headers.get(TTL_HEADER))
     pin = body.get(PIN_FIELD, headers.get(PIN_HEADER))
-    return Ask(None if ttl is None else _ttl(ttl), None if pin is None else _pin(pin))
+    return RetentionAsk(None if ttl is None else _ttl(ttl), None if pin is None else _pin(pin))
 
 
 def strip_fields(body: dict) -> None:
@@ -93,7 +93,7 @@ class Bound:
         self.max_bytes, self.low_water, self.default_ttl = max_bytes, low_water, default_ttl
         self.quotas = dict(quotas or {})
         self.protect, self.period = protect, period
-        self.pending: dict[Key, Ask] = {}
+        self.pending: dict[Key, RetentionAsk] = {}
         self.in_use_keys: Counter = Counter()  # names (and parents) of requests under way: never evicted now
         self.reserved: dict[str, int] = {}  # namespace -> bytes of the ingests under way (reserve())
         self.refused: dict[Key, str] = {}  # pins refused at a save (the prime route answers them 507)
@@ -120,7 +120,7 @@ class Bound:
         return self.quotas.get(namespace)
 
     # ---- requests -----------------------------------------------------------------------------------------------
-    async def ask(self, key: Optional[Key], asked: Ask) -> None:
+    async def ask(self, key: Optional[Key], asked: RetentionAsk) -> None:
         """A request asks for a ttl or a pin of its name: applied now if the name is stored (a pin over the cap is
         StoreFull: 507, nothing changed), and again at the name's next save."""
         if asked.empty:
@@ -134,7 +134,7 @@ class Bound:
             await self._apply(key, asked, info)
         self.pending[key] = asked
 
-    async def _apply(self, key: Key, asked: Ask, info: Mapping[str, Any]) -> None:
+    async def _apply(self, key: Key, asked: RetentionAsk, info: Mapping[str, Any]) -> None:
         ttl = asked.ttl if asked.ttl is not None else info.get("ttl_s")
         pin = asked.pin if asked.pin is not None else bool(info.get("pinned"))
         if ttl == info.get("ttl_s") and pin == bool(info.get("pinned")):
@@ -183,7 +183,7 @@ class Bound:
         key = (namespace, name)
         asked = self.pending.pop(key, None)
         if asked is None and self.default_ttl is not None and info.get("ttl_s") is None and not info.get("pinned"):
-            asked = Ask(ttl=self.default_ttl)
+            asked = RetentionAsk(ttl=self.default_ttl)
         if asked is not None:
             try:
                 await self._apply(key, asked, info)
@@ -203,8 +203,7 @@ class Bound:
         if self.used is not None:
             self.used += new
         self.ns_used[namespace] = self.ns_used.get(namespace, 0) + new
-        over_quota = namespace in self.quotas and self.ns_used[namespace] > self.quotas[namespace]
-        if self.used is None or over_quota or (self.max_bytes is not None and self.used > self.max_bytes):
+        if self._would_pass(namespace):
             # The estimate was off (another machine's saves, compression): correct it before the slot is reused.
             await self.evict_serialized()
 
@@ -213,8 +212,8 @@ class Bound:
         async with self._lock:
             await self.evict_now()
 
-    async def evict_now(self, *, dry_run: bool = False) -> Optional[dict]:
-        """One eviction (or its plan); None when it failed (logged, counted)."""
+    async def evict_now(self) -> Optional[dict]:
+        """One eviction; None when it failed (logged, counted)."""
         protect = sorted(set(self.protect()) | set(self.in_use_keys))
         # Room for the ingests under way: evict as if the cap and quotas were smaller by what they may add.
         room = sum(self.reserved.values())
@@ -223,15 +222,12 @@ class Bound:
         self._during = {}
         try:
             r = await self.store.evict(max_bytes=max_bytes, low_water=self.low_water, quotas=quotas,
-                                       protect=protect, dry_run=dry_run)
+                                       protect=protect)
         except KvStoreError as e:
             self._during = None
             self.metrics.inc("eviction_failures")
             log.error("hooks: eviction failed (the store may pass its cap until the next one): %s", e)
             return None
-        if dry_run:
-            self._during = None
-            return r
         plan = r["plan"]
         # The plan's figures plus what was saved meanwhile (counted twice if the plan saw it: an estimate that errs
         # high only makes the next save look again).

@@ -153,9 +153,9 @@ def bounds_of(args) -> dict:
     from kvstore.config import LocationError, parse_size
 
     try:
-        max_size = parse_size(getattr(args, "max_size", None))
+        max_size = parse_size(getattr(args, "max_size", None), "--max-size")
     except LocationError as e:
-        raise ValueError(str(e).replace("cache size", "--max-size")) from None
+        raise ValueError(str(e)) from None
     low = getattr(args, "low_water", 0.9)
     if not 0 < low <= 1:
         raise ValueError(f"--low-water {low}: must be in (0, 1]")

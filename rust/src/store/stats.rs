@@ -37,6 +37,28 @@ pub struct Stats {
     pub cache_limit: Option<u64>,
 }
 
+impl Stats {
+    /// Figures from counts and sizes, with no bucket or cache part.
+    fn of(names: u64, manifests: u64, objects: u64, logical: u64, raw: u64, stored: u64, block_size: u32) -> Stats {
+        Stats {
+            names,
+            manifests,
+            objects,
+            logical_bytes: logical,
+            unique_raw_bytes: raw,
+            stored_bytes: stored,
+            dedup_ratio: ratio(logical, raw),
+            compression_ratio: ratio(raw, stored),
+            total_ratio: ratio(logical, stored),
+            block_size,
+            bucket_objects: None,
+            bucket_bytes: None,
+            cache_bytes: None,
+            cache_limit: None,
+        }
+    }
+}
+
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 {
         1.0
@@ -88,22 +110,7 @@ impl Store {
                 stored += row.stored_len;
             }
         }
-        Ok(Stats {
-            names,
-            manifests: manifests.len() as u64,
-            objects: n_objects,
-            logical_bytes: logical,
-            unique_raw_bytes: raw,
-            stored_bytes: stored,
-            dedup_ratio: ratio(logical, raw),
-            compression_ratio: ratio(raw, stored),
-            total_ratio: ratio(logical, stored),
-            block_size: self.block_size,
-            bucket_objects: None,
-            bucket_bytes: None,
-            cache_bytes: None,
-            cache_limit: None,
-        })
+        Ok(Stats::of(names, manifests.len() as u64, n_objects, logical, raw, stored, self.block_size))
     }
 
     pub fn stats(&self) -> Result<Stats> {
@@ -139,21 +146,11 @@ impl Store {
             raw += row.raw_len;
             stored += row.stored_len;
         }
-        Ok(Stats {
-            names,
-            manifests: ix.manifests.len(&r).ix(ix)?,
-            objects,
-            logical_bytes: logical,
-            unique_raw_bytes: raw,
-            stored_bytes: stored,
-            dedup_ratio: ratio(logical, raw),
-            compression_ratio: ratio(raw, stored),
-            total_ratio: ratio(logical, stored),
-            block_size: self.block_size,
-            bucket_objects: usage.primary.map(|b| b.0),
-            bucket_bytes: usage.primary.map(|b| b.1),
-            cache_bytes: usage.cache.map(|c| c.0),
-            cache_limit: usage.cache.and_then(|c| c.1),
-        })
+        let mut st = Stats::of(names, ix.manifests.len(&r).ix(ix)?, objects, logical, raw, stored, self.block_size);
+        st.bucket_objects = usage.primary.map(|b| b.0);
+        st.bucket_bytes = usage.primary.map(|b| b.1);
+        st.cache_bytes = usage.cache.map(|c| c.0);
+        st.cache_limit = usage.cache.and_then(|c| c.1);
+        Ok(st)
     }
 }
