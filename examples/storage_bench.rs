@@ -46,7 +46,7 @@ fn main() {
         let t = Instant::now();
         for (n, b) in &files {
             let parent = if n.ends_with("_child") { Some(n.replace("_child", "_parent")) } else { None };
-            s.ingest(n, "", b, &fp, parent.as_deref()).unwrap();
+            s.ingest(n, "", b, &fp, parent.as_deref(), false).unwrap();
         }
         rec("ingest", t.elapsed().as_secs_f64());
         let od = work.join(format!("out{rep}"));

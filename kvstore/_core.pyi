@@ -109,15 +109,19 @@ class Store:
     def reindex(self) -> dict[str, Any]:
         """Bucket stores: rebuild the local index from the bucket (same report as `sync`)."""
     def ingest(self, name: str, path: str, *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None,
-               parent: Optional[str] = None, remove_file: bool = False) -> dict[str, Any]:
+               parent: Optional[str] = None, remove_file: bool = False, force: bool = False) -> dict[str, Any]:
         """Store a slot file under a name (replacing the previous state of that name).
+        A file missing a section is refused (FormatError): with `n_layer` (and `n_swa`) in `fingerprint` it is
+        checked against the model's layer count. A file whose layout differs from the states already stored under
+        the same fingerprint in the namespace is refused (FingerprintMismatch, key "layout") unless `force`.
         `parent` (a name in the same namespace, or a manifest id of a state saved in it) is recorded as lineage only; an unknown parent is
         recorded as none, so a save is never lost over lineage. A `layout` key in `fingerprint` (the server's, learned
         from an earlier save) must equal the file's layout, else FingerprintMismatch; it is not stored as identity.
         Returns {name, namespace, manifest_id, n_tokens, file_bytes, layout, blocks, new_objects, new_raw_bytes,
         new_stored_bytes, reused_bytes, parent_manifest, elapsed_s} (`layout` as `get` reports it)."""
     def ingest_bytes(self, name: str, data: bytes, *, namespace: str = ...,
-                     fingerprint: Optional[Mapping[str, str]] = None, parent: Optional[str] = None) -> dict[str, Any]: ...
+                     fingerprint: Optional[Mapping[str, str]] = None, parent: Optional[str] = None,
+                     force: bool = False) -> dict[str, Any]: ...
     def materialize(self, name: str, out_path: str, *, namespace: str = ..., expect: Optional[Mapping[str, str]] = None,
                     n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]:
         """Write the named state as a slot file (temp + rename). Byte-exact unless n_stream differs.

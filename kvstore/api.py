@@ -125,8 +125,9 @@ def save(name: str, slot: int, *, server: ServerLike = None, store: StoreLike = 
                               f"llama-server with --slot-save-path {sync}{os.sep} (the store's sync directory)",
                               url=srv.url)
         t1 = time.perf_counter()
+        # The server's own save: a new cache configuration may change the layout (force skips only that check).
         report = st.ingest(name, str(path), namespace=namespace, fingerprint=fp, parent=parent,
-                           remove_file=True)
+                           remove_file=True, force=True)
         t2 = time.perf_counter()
     finally:
         _unlink(path)

@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     def ns(sp):
         sp.add_argument("--namespace", default="", help="namespace (tenant); default: the empty namespace")
 
+    def model_and_force(sp):
+        sp.add_argument("--model", metavar="GGUF", help="bind to this model file (its hash, sliding window and "
+                        "layer count): a slot file missing a section of it is refused")
+        sp.add_argument("--force", action="store_true", help="store a file whose layout differs from the states "
+                        "already stored under the same fingerprint in the namespace (another cache type)")
+
     sp = add("serve", "run the kvstore proxy in front of llama-server (see `kvstore serve --help`)", cmd_serve)
     add_serve_args(sp)
     sp = add("batch", "answer an OpenAI Batch file (JSONL) through kvstore serve, each shared prefix evaluated "
@@ -178,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--parent", help="name of the state this one extends (recorded in the manifest)")
     sp.add_argument("--fingerprint", nargs="+", action="extend", metavar="KEY=VALUE",
                     help="what the state is bound to (e.g. model=...); checked at restore")
+    model_and_force(sp)
     sp.add_argument("--remove", action="store_true", help="delete FILE once it is stored")
     sp = add("materialize", "write a stored state as a llama-server slot file", cmd_materialize)
     sp.add_argument("name")
@@ -207,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(and check materialized ones against it)")
     sp.add_argument("--n-stream", type=int, metavar="K", help="slot count of the server that will restore "
                                                              "(default: the --server's, else as saved)")
+    model_and_force(sp)
     from kvstore.hooks import balancer  # the HAProxy config generator lives with the hooks whose names it routes by
 
     sp = add("balancer-config", "print an HAProxy config that sends each request to the kvstore serve holding its "

@@ -41,21 +41,16 @@ def server_fingerprint(props: Mapping[str, Any], models: Optional[Mapping[str, A
                        n_ctx_slot: Optional[int] = None) -> dict[str, str]:
     """Fingerprint of a llama-server from its `/props` (and optionally `/v1/models`) replies.
 
-    Keys: `model` (identity), `n_ctx_slot` (a fit limit, not identity), and `n_swa` (the model's sliding
-    window, only for SWA models whose GGUF is readable here: a prefix state of such a model is cut with it;
-    without the key no prefix of an SWA state is cut). `n_stream` is deliberately absent: states are re-emitted
-    for the target server's slot count.
+    Keys: `model` (identity), `n_ctx_slot` (a fit limit, not identity), and, when the GGUF is readable here,
+    `n_swa` (the model's sliding window, only for SWA models: a prefix state of such a model is cut with it;
+    without the key no prefix of an SWA state is cut) and `n_layer` (not identity: with it and `n_swa` the core
+    refuses a slot file missing a section). `n_stream` is deliberately absent: states are re-emitted for the
+    target server's slot count.
     """
     path = props.get("model_path") or ""
-    n_swa = 0
+    fp: dict[str, str] = {}
     if path and os.path.isfile(path):
-        model = model_file_hash(path)
-        try:
-            from kvstore.gguf import sliding_window
-
-            n_swa = sliding_window(path)
-        except (OSError, ValueError):
-            n_swa = 0
+        fp = model_fingerprint(path)
     else:
         # External server on another machine: bind to what it says about the model.
         meta = {}
@@ -64,12 +59,26 @@ def server_fingerprint(props: Mapping[str, Any], models: Optional[Mapping[str, A
             if data:
                 meta = data[0].get("meta") or {}
         desc = repr((os.path.basename(path), props.get("model_ftype"), sorted(meta.items())))
-        model = "meta:" + hashlib.sha256(desc.encode()).hexdigest()
-    fp = {"model": model}
-    if n_swa:
-        fp["n_swa"] = str(n_swa)
+        fp = {"model": "meta:" + hashlib.sha256(desc.encode()).hexdigest()}
     if n_ctx_slot is None:
         n_ctx_slot = (props.get("default_generation_settings") or {}).get("n_ctx")
     if n_ctx_slot:
         fp["n_ctx_slot"] = str(int(n_ctx_slot))
+    return fp
+
+
+def model_fingerprint(path: str) -> dict[str, str]:
+    """What a GGUF file binds states to: its content hash, and its window and layer count when the header is
+    readable (`kvstore ingest --model` and the hooks' fingerprint both use it)."""
+    from kvstore.gguf import shape
+
+    fp = {"model": model_file_hash(path)}
+    try:
+        n_swa, n_layer = shape(path)
+    except (OSError, ValueError):
+        n_swa, n_layer = 0, 0
+    if n_swa:
+        fp["n_swa"] = str(n_swa)
+    if n_layer:
+        fp["n_layer"] = str(n_layer)
     return fp

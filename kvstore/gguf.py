@@ -2,7 +2,8 @@
 
 `sliding_window(path)` is the model's SWA window (`<arch>.attention.sliding_window`), 0 for a model without
 sliding-window layers: the slot files do not record it, and a prefix state's window depends on it
-(docs/design.md "Prefix states"). GGUF v2/v3 header: magic "GGUF", u32 version, u64 tensor count, u64 kv count,
+(docs/design.md "Prefix states"). `shape(path)` adds the layer count (`<arch>.block_count`), with which the
+core refuses a slot file missing a section (`rust/src/format/complete.rs`). GGUF v2/v3 header: magic "GGUF", u32 version, u64 tensor count, u64 kv count,
 then key/value pairs (key: u64 length + utf-8; value: u32 type + payload), little-endian.
 """
 from __future__ import annotations
@@ -63,13 +64,28 @@ def metadata(path: str, wanted: set[str]) -> dict[str, Any]:
                 out[key] = val
             arch = out.get("general.architecture")
             if arch and f"{arch}.attention.sliding_window" not in wanted:
-                wanted = wanted | {f"{arch}.attention.sliding_window"}
+                wanted = wanted | {f"{arch}{k}" for k in _PER_ARCH}
     return out
+
+
+# The per-architecture keys `metadata` always reads once it knows the architecture.
+_PER_ARCH = (".attention.sliding_window", ".block_count")
+
+
+def _positive(meta: dict[str, Any], key: str) -> int:
+    value = meta.get(key)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0
 
 
 def sliding_window(path: str) -> int:
     """The model's sliding window in tokens, 0 when it has no SWA layers."""
+    return shape(path)[0]
+
+
+def shape(path: str) -> tuple[int, int]:
+    """(sliding window, layer count) of the model; each 0 when the header does not say."""
     meta = metadata(path, set())
     arch = meta.get("general.architecture")
-    value = meta.get(f"{arch}.attention.sliding_window") if arch else None
-    return int(value) if isinstance(value, (int, float)) and value > 0 else 0
+    if not arch:
+        return 0, 0
+    return _positive(meta, f"{arch}.attention.sliding_window"), _positive(meta, f"{arch}.block_count")

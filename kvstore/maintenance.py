@@ -4,6 +4,7 @@ materialize, info, sync): each `cmd_*(args)` gets the arguments `kvstore.cli` pa
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -196,10 +197,23 @@ def cmd_reindex(args) -> int:
     return 0
 
 
+def _model_fingerprint(args) -> dict[str, str]:
+    """`--model GGUF` (its hash, window and layer count) under the explicit `--fingerprint KEY=VALUE` pairs."""
+    fp: dict[str, str] = {}
+    if getattr(args, "model", None):
+        from kvstore.fingerprint import model_fingerprint
+
+        if not os.path.isfile(args.model):
+            raise CliError(f"--model {args.model}: no such file (pass the GGUF the server that saved it ran)")
+        fp = model_fingerprint(args.model)
+    fp.update(parse_kv(getattr(args, "fingerprint", None), "--fingerprint") or {})
+    return fp
+
+
 def cmd_ingest(args) -> int:
-    fp = parse_kv(args.fingerprint, "--fingerprint")
+    fp = _model_fingerprint(args)
     r = _store(args).ingest(args.name, args.file, namespace=args.namespace, fingerprint=fp, parent=args.parent,
-                            remove_file=args.remove)
+                            remove_file=args.remove, force=args.force)
     emit(args, r, lambda: (
         f"stored {args.name!r}: {r.get('n_tokens')} tokens, {mib(r.get('file_bytes'))} file, "
         f"{r.get('new_objects')} new objects ({mib(r.get('new_stored_bytes'))} stored, "
@@ -256,7 +270,9 @@ def cmd_sync(args) -> int:
         raise CliError(f"{d} is not a directory (pass llama-server's --slot-save-path)")
     st = _store(args)
     ns = args.namespace
-    fp, n_stream = None, args.n_stream
+    fp, n_stream = (_model_fingerprint(args) or None), args.n_stream
+    if args.server and fp:
+        raise CliError("give --server or --model, not both (each names what the states are bound to)")
     if args.server:
         srv = LlamaServer(args.server)
         fp = srv.fingerprint()
@@ -275,7 +291,8 @@ def cmd_sync(args) -> int:
                 if args.remove:
                     f.unlink()
             else:
-                r = st.ingest(f.stem, str(f), namespace=ns, fingerprint=fp, remove_file=args.remove)
+                r = st.ingest(f.stem, str(f), namespace=ns, fingerprint=fp, remove_file=args.remove,
+                              force=args.force)
                 entry.update(action="ingested", n_tokens=r.get("n_tokens"), file_bytes=r.get("file_bytes"),
                              new_stored_bytes=r.get("new_stored_bytes"))
             entry["removed"] = bool(args.remove)

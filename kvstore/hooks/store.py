@@ -40,9 +40,11 @@ class AsyncStore:
 
     async def ingest(self, name: str, path: str, *, namespace: str, fingerprint: Mapping[str, str],
                      parent: Optional[str] = None) -> dict:
-        """Store the file (removed once stored) under (namespace, name)."""
+        """Store the file (removed once stored) under (namespace, name). It is the server's own save, so a
+        layout unlike the namespace's earlier states (the server restarted with another cache type) is stored:
+        `force` skips only that comparison, never the completeness check against the model's layer count."""
         return await self._call(self.core.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
-                                       parent=parent, remove_file=True)
+                                       parent=parent, remove_file=True, force=True)
 
     async def materialize(self, name: str, path: str, *, namespace: str, expect: Mapping[str, str],
                           n_stream: int) -> dict:

@@ -3,7 +3,8 @@
 //! CONTRACT (docs/design.md "Manifest JSON", "Fingerprint"): a manifest's id is the blake3 of its JSON
 //! (`to_json`, which `from_json` reads back, refusing another version; unkeyed: the JSON names its `scope`,
 //! the key its skeleton and blocks are addressed under, `crate::scope`); `fingerprint_id` hashes the
-//! canonical JSON of the caller's fingerprint without `n_ctx_slot`; `check_expect` passes only if every key on
+//! canonical JSON of the caller's fingerprint without `n_ctx_slot` and `n_layer`; `model_shape` reads what it
+//! says of the model's sections (`format::Shape` checks a file against it); `check_expect` passes only if every key on
 //! both sides is equal (`layout` against the manifest's own; `n_ctx_slot` must hold the state's tokens);
 //! `layout_is_empty` is the one empty-slot rule. The prefix-key chain is `prefix_keys.rs`.
 
@@ -19,6 +20,11 @@ pub const MANIFEST_VERSION: u32 = 1;
 pub const N_CTX_SLOT: &str = "n_ctx_slot";
 /// Pseudo-key of `expect` compared against the manifest's layout (derived from the file).
 pub const LAYOUT: &str = "layout";
+/// The model's layer count (`<arch>.block_count`), for the completeness check at ingest (`format::Shape`);
+/// left out of `fingerprint_id` (the model key already names the model, and ids stay those of older stores).
+pub const N_LAYER: &str = "n_layer";
+/// The model's sliding window, also read by the hooks' prefix cuts.
+pub const N_SWA: &str = "n_swa";
 
 pub type Fingerprint = BTreeMap<String, String>;
 
@@ -37,6 +43,8 @@ pub enum ManifestError {
     FingerprintMismatch { state: String, key: String, stored: String, server: String },
     #[error("state '{state}' holds {n_tokens} tokens but this server's slot context is n_ctx_slot={server}; raise the context (-c / --parallel) or evaluate the prompt again")]
     ContextTooSmall { state: String, n_tokens: u64, server: String },
+    #[error("the slot file for '{state}' has layout {file}, but the states stored under the same fingerprint in this namespace have {stored}: it was cut short, or saved by another model or cache configuration; give that model's fingerprint (--fingerprint model=...), or --force to store it anyway")]
+    LayoutDiffers { state: String, stored: String, file: String },
     #[error("manifest {id}: {detail}; run `kvstore verify`")]
     Invalid { id: ObjectId, detail: String },
 }
@@ -113,11 +121,22 @@ pub fn canonical_json(fp: &Fingerprint) -> String {
     serde_json::to_string(fp).expect("string map serializes")
 }
 
-/// blake3 of the canonical JSON of the fingerprint without `n_ctx_slot`.
+/// blake3 of the canonical JSON of the fingerprint without `n_ctx_slot` and `n_layer`.
 pub fn fingerprint_id(fp: &Fingerprint) -> [u8; 32] {
     let mut f = fp.clone();
     f.remove(N_CTX_SLOT);
+    f.remove(N_LAYER);
     *blake3::hash(canonical_json(&f).as_bytes()).as_bytes()
+}
+
+/// What a fingerprint says about the model's sections: `n_layer` and `n_swa` as the hooks read them from the
+/// GGUF (`kvstore/fingerprint.py`); `n_swa` is written only when non-zero, so with `n_layer` known (the GGUF was
+/// read) its absence means no window. Unparsable values count as unknown.
+pub fn model_shape(fp: &Fingerprint) -> crate::format::ModelShape {
+    let num = |k: &str| fp.get(k).and_then(|v| v.trim().parse::<u32>().ok());
+    let n_layer = num(N_LAYER);
+    let n_swa = num(N_SWA).or(n_layer.map(|_| 0));
+    crate::format::ModelShape { n_layer, n_swa }
 }
 
 pub fn fingerprint_id_hex(fp: &Fingerprint) -> String {

@@ -42,13 +42,14 @@ pub fn synthetic(tokens: &[i32], b: usize) -> (Decomposed, u64, [u8; 32]) {
         file.extend_from_slice(&bl.bytes);
     }
     let d =
-        Decomposed { skeleton, blocks, tokens: tokens.to_vec(), layout: "kv[test]".into(), n_stream: 1, n_checkpoints: 0 };
+        Decomposed { skeleton, blocks, tokens: tokens.to_vec(), layout: "kv[test]".into(), n_stream: 1, n_checkpoints: 0,
+                     shape: crate::format::Shape { kv_layers: vec![Some(1)], recurrent: false } };
     (d, file.len() as u64, *blake3::hash(&file).as_bytes())
 }
 
 pub fn put_synthetic(s: &Store, name: &str, ns: &str, tokens: &[i32], f: &Fingerprint) -> IngestReport {
     let (d, len, h) = synthetic(tokens, s.block_size() as usize);
-    s.ingest_decomposed(name, ns, len, h, d, f, None, Instant::now()).unwrap()
+    s.ingest_decomposed(name, ns, len, h, d, f, None, false, Instant::now()).unwrap()
 }
 
 /// A store in `d` with block size `b`, zstd level 1 and a 64 MiB map.

@@ -98,7 +98,9 @@ def test_server_not_using_the_sync_dir(served_smollm2, tmp_path):
 def test_failed_restore_reports_cleared_slot(served_smollm2, state_files):
     """A state the server refuses (another cache layout: fa off): ServerError says the slot was cleared."""
     s = served_smollm2
-    s.store.ingest("fa-off", str(state_files["smollm2_fa_off"]), fingerprint=LlamaServer(s.url).fingerprint())
+    # force: the store itself refuses a second layout under one fingerprint (tests/format/test_incomplete.py)
+    s.store.ingest("fa-off", str(state_files["smollm2_fa_off"]), fingerprint=LlamaServer(s.url).fingerprint(),
+                   force=True)
     with pytest.raises(ServerError) as e:
         kvstore.restore("fa-off", 1, server=s.url, store=s.store)
     assert "cleared" in str(e.value) and "slot 1" in str(e.value)

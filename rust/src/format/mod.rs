@@ -11,9 +11,10 @@
 //! recurrent section, documented there), `skeleton` (the
 //! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there),
 //! `rows` (row access to a decomposed state), `checkpoint` (sections from chosen rows, the cut checkpoint),
-//! `cut` (a slot file for the first P tokens of a state: a cut).
+//! `cut` (a slot file for the first P tokens of a state: a cut), `complete` (the sections a model implies).
 
 mod checkpoint;
+mod complete;
 mod cut;
 mod emit;
 mod ggml;
@@ -33,6 +34,7 @@ mod recurrent_tests;
 #[cfg(test)]
 mod tests;
 
+pub use complete::{ModelShape, Shape};
 pub use head::{check_head, HEAD_LEN};
 use model::{SlotFile, Unit};
 pub use cut::{emit_prefix, Prefix, PrefixSpec, RowOrigin, StateRef};
@@ -66,6 +68,8 @@ pub enum FormatError {
     SizeMismatch { offset: u64, what: &'static str, ty: String, size: u64, detail: String },
     #[error("slot file invalid at byte {offset}: {what} {n_rot} ({detail}); the file is damaged: save the slot again")]
     BadRotation { offset: u64, what: &'static str, n_rot: u32, detail: String },
+    #[error("slot file incomplete: {want}, but it holds {found}; it was cut short or saved by another model: save the slot again")]
+    Incomplete { want: String, found: String },
     #[error("the slot file holds 0 tokens (an empty slot): nothing to store; save the slot after a request has used it")]
     Empty,
     #[error("{}: {kind}, not a regular file; pass a slot file that llama-server wrote into its --slot-save-path", path.display())]
@@ -98,6 +102,8 @@ pub struct Decomposed {
     pub n_stream: u32,
     /// Number of SCKP checkpoints in the appendix.
     pub n_checkpoints: u32,
+    /// The sections it holds, for `Shape::check` against the model.
+    pub shape: Shape,
 }
 
 /// How to emit a file.
@@ -146,6 +152,7 @@ pub fn decompose(file: &[u8], block_size: u32) -> Result<Decomposed, FormatError
         layout: layout::layout(&f.sections, f.recurrent.as_ref()),
         n_stream: f.sections.first().map_or(0, |s| s.n_stream),
         n_checkpoints: f.appendix.as_ref().map_or(0, |a| a.checkpoints.len() as u32),
+        shape: Shape::of(&f),
     })
 }
 

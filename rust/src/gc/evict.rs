@@ -428,9 +428,10 @@ mod tests {
             .collect();
         let skeleton: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         let len = (skeleton.len() + blocks.iter().map(|b| b.bytes.len()).sum::<usize>()) as u64;
-        let d = Decomposed { skeleton, blocks, tokens: tokens.to_vec(), layout: "kv[test]".into(), n_stream: 1, n_checkpoints: 0 };
+        let d = Decomposed { skeleton, blocks, tokens: tokens.to_vec(), layout: "kv[test]".into(), n_stream: 1, n_checkpoints: 0,
+                         shape: crate::format::Shape { kv_layers: vec![Some(1)], recurrent: false } };
         let h = *blake3::hash(name.as_bytes()).as_bytes();
-        s.ingest_decomposed(name, ns, len, h, d, f, None, std::time::Instant::now()).unwrap()
+        s.ingest_decomposed(name, ns, len, h, d, f, None, false, std::time::Instant::now()).unwrap()
     }
 
     /// Tokens of a state no other shares a block with (block bytes depend on `t & 0xff`).

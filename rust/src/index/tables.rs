@@ -17,6 +17,10 @@ use crate::prefix_keys::prefix_chain;
 /// A `names` row: (namespace, name, record).
 pub type NameRow = (String, String, NameRecord);
 
+fn layout_key(namespace: &str, fingerprint_id: &str) -> String {
+    format!("layout:{fingerprint_id}:{namespace}")
+}
+
 impl Index {
     /// Name rows of one namespace, or of all, in (namespace, name) order.
     pub fn names_in(&self, r: &RoTxn<'_>, namespace: Option<&str>) -> Result<Vec<NameRow>, IndexError> {
@@ -36,6 +40,16 @@ impl Index {
             }
         }
         Ok(out)
+    }
+
+    /// The layout recorded for states of one fingerprint id in one namespace (`meta` row `layout:<fid>:<ns>`;
+    /// the fid is fixed-width hex, so the key is unambiguous). A rebuilt index has none until an ingest finds one.
+    pub fn layout_of(&self, r: &RoTxn<'_>, namespace: &str, fingerprint_id: &str) -> Result<Option<String>, IndexError> {
+        Ok(self.meta.get(r, &layout_key(namespace, fingerprint_id)).ix(self)?.map(str::to_string))
+    }
+
+    pub fn put_layout(&self, w: &mut RwTxn<'_>, namespace: &str, fingerprint_id: &str, layout: &str) -> Result<(), IndexError> {
+        self.meta.put(w, &layout_key(namespace, fingerprint_id), layout).ix(self)
     }
 
     /// Manifests recorded under prefix key `h` (states whose token prefix hashes to it).

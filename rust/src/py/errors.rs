@@ -12,7 +12,7 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::error::{Error, ErrorKind};
 use crate::index::IndexError;
-use crate::manifest::{ManifestError, N_CTX_SLOT};
+use crate::manifest::{ManifestError, LAYOUT, N_CTX_SLOT};
 use crate::objects::ObjectError;
 
 use super::MODULE;
@@ -142,6 +142,12 @@ fn attrs(e: &Error) -> Vec<(&'static str, String)> {
             ("key", key.clone()),
             ("stored", stored.clone()),
             ("server", server.clone()),
+        ],
+        Error::Manifest(ManifestError::LayoutDiffers { state, stored, file }) => vec![
+            ("name", state.clone()),
+            ("key", LAYOUT.into()),
+            ("stored", stored.clone()),
+            ("server", file.clone()),
         ],
         Error::Manifest(ManifestError::ContextTooSmall { state, n_tokens, server }) => vec![
             ("name", state.clone()),

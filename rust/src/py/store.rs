@@ -84,7 +84,8 @@ impl PyStore {
         format!("Store({:?}, block_size={})", self.inner.path().display().to_string(), self.inner.block_size())
     }
 
-    #[pyo3(signature = (name, path, *, namespace = String::new(), fingerprint = None, parent = None, remove_file = false))]
+    #[pyo3(signature = (name, path, *, namespace = String::new(), fingerprint = None, parent = None, remove_file = false,
+                        force = false))]
     #[allow(clippy::too_many_arguments)]
     fn ingest<'py>(
         &self,
@@ -95,12 +96,13 @@ impl PyStore {
         fingerprint: Option<Bound<'py, PyAny>>,
         parent: Option<String>,
         remove_file: bool,
+        force: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fp = convert::fingerprint(fingerprint.as_ref(), "fingerprint")?;
         let s = &self.inner;
         let r = py.detach(|| -> Result<_, Error> {
             let bytes = crate::slot_file::read_slot_file(&path)?;
-            let r = s.ingest(&name, &namespace, &bytes, &fp, parent.as_deref())?;
+            let r = s.ingest(&name, &namespace, &bytes, &fp, parent.as_deref(), force)?;
             if remove_file {
                 let _ = std::fs::remove_file(&path);
             }
@@ -109,7 +111,7 @@ impl PyStore {
         dict(py, &r)
     }
 
-    #[pyo3(signature = (name, data, *, namespace = String::new(), fingerprint = None, parent = None))]
+    #[pyo3(signature = (name, data, *, namespace = String::new(), fingerprint = None, parent = None, force = false))]
     fn ingest_bytes<'py>(
         &self,
         py: Python<'py>,
@@ -118,10 +120,11 @@ impl PyStore {
         namespace: String,
         fingerprint: Option<Bound<'py, PyAny>>,
         parent: Option<String>,
+        force: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fp = convert::fingerprint(fingerprint.as_ref(), "fingerprint")?;
         let s = &self.inner;
-        let r = py.detach(|| s.ingest(&name, &namespace, data, &fp, parent.as_deref()))?;
+        let r = py.detach(|| s.ingest(&name, &namespace, data, &fp, parent.as_deref(), force))?;
         dict(py, &r)
     }
 

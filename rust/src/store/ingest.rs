@@ -1,7 +1,9 @@
 //! Ingest: a slot file (or an already decomposed one) → objects, then one index transaction.
 //!
-//! CONTRACT: validates name and namespace; refuses a file whose layout differs from a `layout` the caller
-//! knows (empty slots excepted); writes skeleton, distinct blocks and manifest in one durable batch under the
+//! CONTRACT: validates name and namespace; refuses a file whose sections are not all there for the model the
+//! fingerprint describes (`n_layer`, `n_swa`: `format::Shape`); refuses a file whose layout differs from a
+//! `layout` the caller knows, or else (unless `force`) from the layout of the states already stored under the
+//! same fingerprint in the namespace (a tenant's refusal never depends on another namespace); writes skeleton, distinct blocks and manifest in one durable batch under the
 //! catalog's save lock, has the catalog commit the name (where names live: a reader never sees a name whose
 //! objects are not all stored), then commits manifest, name, prefix and object rows in one LMDB transaction.
 //! Objects are addressed in the namespace's scope (`crate::scope`), which the manifest records. A parent is
@@ -20,8 +22,8 @@ use crate::format::{self, Decomposed};
 use crate::id::{hex, ObjectId};
 use crate::index::{validate_name, HeedExt, ObjectRow};
 use crate::manifest::{
-    fingerprint_id, now_f64, now_secs, Fingerprint, Manifest, ManifestError, LAYOUT,
-    MANIFEST_VERSION,
+    fingerprint_id, layout_is_empty, model_shape, now_f64, now_secs, Fingerprint, Manifest, ManifestError,
+    LAYOUT, MANIFEST_VERSION, N_CTX_SLOT, N_LAYER,
 };
 use crate::objects::Put;
 use crate::scope::Scope;
@@ -53,7 +55,9 @@ pub struct IngestReport {
 }
 
 impl Store {
-    /// Store a slot file under (namespace, name), replacing the previous state of that name.
+    /// Store a slot file under (namespace, name), replacing the previous state of that name. `force` stores a
+    /// layout that differs from the namespace's other states under the fingerprint (a server's own save after a
+    /// change of cache configuration; the hooks pass it).
     pub fn ingest(
         &self,
         name: &str,
@@ -61,12 +65,13 @@ impl Store {
         file: &[u8],
         fingerprint: &Fingerprint,
         parent: Option<&str>,
+        force: bool,
     ) -> Result<IngestReport> {
         let t0 = Instant::now();
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
         let (d, file_hash) = rayon::join(|| format::decompose(file, self.block_size), || blake3::hash(file));
-        self.ingest_decomposed(name, namespace, file.len() as u64, *file_hash.as_bytes(), d?, fingerprint, parent, t0)
+        self.ingest_decomposed(name, namespace, file.len() as u64, *file_hash.as_bytes(), d?, fingerprint, parent, force, t0)
     }
 
     /// Ingest an already decomposed file (`file_bytes`/`file_hash` describe the original).
@@ -80,6 +85,7 @@ impl Store {
         d: Decomposed,
         fingerprint: &Fingerprint,
         parent: Option<&str>,
+        force: bool,
         t0: Instant,
     ) -> Result<IngestReport> {
         validate_name(name, "name")?;
@@ -97,14 +103,16 @@ impl Store {
         // A `layout` the caller knows for its server (learned from an earlier save) must match the file's: a file
         // cut at a section boundary, or saved by another cache configuration, parses but would never restore.
         // (Empty slots, which carry no layers, were refused above.) The layout itself lives in the manifest.
+        d.shape.check(&model_shape(fingerprint))?;
         let mut fingerprint = fingerprint.clone();
-        if let Some(want) = fingerprint.remove(LAYOUT) {
-            if want != d.layout {
+        let caller_layout = fingerprint.remove(LAYOUT);
+        if let Some(want) = &caller_layout {
+            if *want != d.layout {
                 return Err(ManifestError::FingerprintMismatch {
                     state: name.into(),
                     key: LAYOUT.into(),
                     stored: d.layout.clone(),
-                    server: want,
+                    server: want.clone(),
                 }
                 .into());
             }
@@ -150,6 +158,21 @@ impl Store {
         let mut seen_items = HashSet::with_capacity(items.len());
         items.retain(|x| seen_items.insert(x.0));
         let _lock = self.catalog.lock_save()?;
+        // Under the save lock, so two first saves of one fingerprint cannot both set the layout. A fingerprint that
+        // names nothing (no key but fit limits) binds the state to no server: no layout is compared or recorded.
+        let fid_hex = hex(&fid);
+        let unbound = fingerprint.keys().all(|k| k == N_CTX_SLOT || k == N_LAYER);
+        let record_layout = match (&caller_layout, force) {
+            _ if unbound => false,
+            (Some(_), _) | (None, true) => true,
+            (None, false) => match self.layout_under(namespace, &fid_hex)? {
+                Some(stored) if stored != d.layout => {
+                    return Err(ManifestError::LayoutDiffers { state: name.into(), stored, file: d.layout.clone() }.into())
+                }
+                Some(_) => false,
+                None => true,
+            },
+        };
         let puts: HashMap<ObjectId, Put> =
             self.objects.put_many(&items, self.level)?.into_iter().map(|p| (p.id, p)).collect();
         let skeleton_put = puts[&skeleton_id];
@@ -190,6 +213,9 @@ impl Store {
         ix.manifests.put(&mut w, &mid, &json).ix(ix)?;
         ix.names.put(&mut w, &(namespace, name), &record).ix(ix)?;
         ix.put_prefixes(&mut w, namespace, &fid, &d.tokens, self.block_size, mid)?;
+        if record_layout && !layout_is_empty(&d.layout) {
+            ix.put_layout(&mut w, namespace, &fid_hex, &d.layout)?;
+        }
         for (id, r, _) in &rows {
             ix.objects.put(&mut w, id, r).ix(ix)?;
         }
@@ -234,6 +260,24 @@ impl Store {
             }
         }
         validate_name(parent, "name")?;
+        Ok(None)
+    }
+
+    /// The layout of the states stored under fingerprint id `fid_hex` in `namespace`: the index's row, else (an
+    /// index rebuilt, or written before the row existed) the first such state's manifest, read from this index.
+    fn layout_under(&self, namespace: &str, fid_hex: &str) -> Result<Option<String>> {
+        let ix = &*self.index;
+        let r = ix.read_txn()?;
+        if let Some(l) = ix.layout_of(&r, namespace, fid_hex)? {
+            return Ok(Some(l));
+        }
+        for (_, _, rec) in ix.names_in(&r, Some(namespace))? {
+            let Some(json) = ix.manifests.get(&r, &rec.manifest).ix(ix)? else { continue };
+            let m = Manifest::from_json(rec.manifest, json)?;
+            if m.fingerprint_id == fid_hex && !layout_is_empty(&m.layout) {
+                return Ok(Some(m.layout));
+            }
+        }
         Ok(None)
     }
 }

@@ -188,23 +188,25 @@ mod tests {
         let files = crate::testutil::state_files();
         let d = TempDir::new("real");
         let s = open(&d, 64);
-        let f = fp(&[("model", "test")]);
         for p in &files {
             let bytes = std::fs::read(p).unwrap();
             let name = p.file_stem().unwrap().to_string_lossy().to_string();
+            // One fingerprint per file: each was saved by another server configuration (flash attention, cache
+            // type), and a store refuses a second layout under one fingerprint.
+            let f = fp(&[("model", name.as_str())]);
             if crate::format::decompose(&bytes, 64).unwrap().tokens.is_empty() {
-                let r = s.ingest(&name, "", &bytes, &f, None);
+                let r = s.ingest(&name, "", &bytes, &f, None, false);
                 assert!(matches!(r, Err(Error::Format(crate::format::FormatError::Empty))), "{name}: {r:?}");
                 continue;
             }
-            let r = s.ingest(&name, "", &bytes, &f, None).unwrap();
+            let r = s.ingest(&name, "", &bytes, &f, None, false).unwrap();
             assert_eq!(r.file_bytes, bytes.len() as u64);
             let out = d.0.join(format!("{name}.out"));
             let m = s.materialize(&Target::Name { namespace: "", name: &name }, &out, None, None, true).unwrap();
             assert_eq!(m.file_bytes, bytes.len() as u64);
             assert_eq!(std::fs::read(&out).unwrap(), bytes, "{name}: materialize is not byte-exact");
             // Re-ingesting the same bytes writes only a new manifest (created time) at most.
-            let again = s.ingest(&name, "", &bytes, &f, None).unwrap();
+            let again = s.ingest(&name, "", &bytes, &f, None, false).unwrap();
             assert!(again.new_objects <= 1, "{name}: {again:?}");
             let leftovers = std::fs::read_dir(&d.0).unwrap().filter_map(|e| e.ok()).filter(|e| {
                 e.file_name().to_string_lossy().ends_with(".tmp")
@@ -212,6 +214,7 @@ mod tests {
             assert_eq!(leftovers.count(), 0);
         }
         // parent/child pairs share blocks
+        let f = fp(&[("model", "test")]);
         for m in ["smollm2", "gemma3"] {
             let dir = crate::testutil::state_dir();
             let (pp, cp) = (dir.join(format!("{m}_parent.bin")), dir.join(format!("{m}_child.bin")));
@@ -219,8 +222,8 @@ mod tests {
             let read = |p: &std::path::PathBuf| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             let d2 = TempDir::new("pc");
             let s2 = open(&d2, 64);
-            s2.ingest("p", "", &read(&pp), &f, None).unwrap();
-            let c = s2.ingest("c", "", &read(&cp), &f, Some("p")).unwrap();
+            s2.ingest("p", "", &read(&pp), &f, None, false).unwrap();
+            let c = s2.ingest("c", "", &read(&cp), &f, Some("p"), false).unwrap();
             assert!(c.reused_bytes > 0, "{m}: child shares nothing with its parent: {c:?}");
         }
     }

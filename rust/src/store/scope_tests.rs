@@ -12,7 +12,7 @@ use crate::scope::Scope;
 use crate::testutil::{fp, open, put_synthetic, state_file, synthetic, TempDir};
 
 fn ingest_real(s: &Store, name: &str, ns: &str, bytes: &[u8]) -> super::IngestReport {
-    s.ingest(name, ns, bytes, &fp(&[("model", "test")]), None).unwrap()
+    s.ingest(name, ns, bytes, &fp(&[("model", "test")]), None, false).unwrap()
 }
 
 fn objects_of(s: &Store, manifest_hex: &str) -> Vec<ObjectId> {
@@ -66,7 +66,7 @@ fn a_manifest_id_of_another_namespace_is_no_parent() {
     let a = put_synthetic(&s, "p", "a", &(0..40).collect::<Vec<_>>(), &f);
     let child = |ns: &str| {
         let (dd, len, h) = synthetic(&(0..48).collect::<Vec<_>>(), 16);
-        s.ingest_decomposed("c", ns, len, h, dd, &f, Some(&a.manifest_id), Instant::now()).unwrap()
+        s.ingest_decomposed("c", ns, len, h, dd, &f, Some(&a.manifest_id), false, Instant::now()).unwrap()
     };
     let own = child("a");
     assert_eq!(own.parent_manifest.as_deref(), Some(a.manifest_id.as_str()));
@@ -107,7 +107,7 @@ fn keyed_and_old_unkeyed_real_states_round_trip() {
     let bytes = state_file("smollm2_parent.bin");
     let child = state_file("smollm2_child.bin");
     let r = ingest_real(&s, "p", "tenant-a", &bytes);
-    let c = s.ingest("c", "tenant-a", &child, &fp(&[("model", "test")]), Some("p")).unwrap();
+    let c = s.ingest("c", "tenant-a", &child, &fp(&[("model", "test")]), Some("p"), false).unwrap();
     assert!(c.reused_bytes > 0, "a child shares its parent's blocks within the namespace: {c:?}");
     {
         let rt = s.index.read_txn().unwrap();

@@ -177,7 +177,7 @@ mod tests {
         let mut child = parent.clone();
         child.extend(1000..1040);
         let (dd, len, h) = synthetic(&child, 16);
-        let c = s.ingest_decomposed("q1", "", len, h, dd, &f, Some("article"), Instant::now()).unwrap();
+        let c = s.ingest_decomposed("q1", "", len, h, dd, &f, Some("article"), false, Instant::now()).unwrap();
         assert_eq!(c.parent_manifest.as_deref(), Some(a.manifest_id.as_str()));
         // blocks 0..6 (96 tokens) are shared; block 6 differs (96..112 now has child tokens)
         assert_eq!(c.new_objects, 3 + 2, "{c:?}"); // blocks 6,7,8 (of 9) + skeleton + manifest
