@@ -88,6 +88,10 @@ def add_serve_args(sp) -> None:
                         "their bytes first; pinned names and names in slots never (default: unbounded)")
     b.add_argument("--low-water", type=float, default=0.9, metavar="F",
                    help="evict down to F x --max-size (default 0.9)")
+    b.add_argument("--evict-period", type=float, default=5.0, metavar="SECONDS",
+                   help="how often expired names go and the store's size is counted again from its backend (a "
+                        "bucket's listing includes other machines' saves): on a shared bucket the cap can be passed "
+                        "by what the other servers save in this time (default 5)")
     b.add_argument("--default-ttl", type=float, metavar="SECONDS",
                    help="a name expires this long after its last use unless its request set cache_prompt_ttl "
                         "(or X-KV-TTL) or pinned it (default: never)")

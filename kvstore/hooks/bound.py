@@ -112,9 +112,9 @@ class Bound:
         return self.max_bytes is not None or bool(self.quotas) or self.ttl_seen
 
     def describe(self) -> dict:
-        return {"max_bytes": self.max_bytes, "low_water": self.low_water, "default_ttl": self.default_ttl,
-                "used_bytes": self.used, "evicted": {r: self.evicted.get(r, 0) for r in REASONS},
-                "evictions": self.evictions, "last": self.last}
+        return {"enabled": self.enabled, "max_bytes": self.max_bytes, "low_water": self.low_water,
+                "default_ttl": self.default_ttl, "used_bytes": self.used,
+                "evicted": {r: self.evicted.get(r, 0) for r in REASONS}, "evictions": self.evictions, "last": self.last}
 
     def quota_of(self, namespace: str) -> Optional[int]:
         return self.quotas.get(namespace)
@@ -237,14 +237,15 @@ class Bound:
         for ns, n in during.items():
             self.ns_used[ns] = self.ns_used.get(ns, 0) + n
         self.evictions += 1
-        for v in plan["victims"]:
-            self.evicted[v["reason"]] += 1
-            self.metrics.inc(f"evictions_{v['reason']}")
+        by_reason = Counter(v["reason"] for v in plan["victims"])
+        self.evicted.update(by_reason)
+        for reason, n in by_reason.items():
+            self.metrics.evicted(reason, n)
         self.last = {"victims": len(plan["victims"]), "freed_bytes": r.get("freed_bytes"),
                      "after_bytes": plan["after_bytes"], "unmet": plan["unmet"]}
         if plan["victims"]:
             log.info("hooks: evicted %d name(s) (%s), freed %s bytes; stored %s of cap %s",
-                     len(plan["victims"]), dict(Counter(v["reason"] for v in plan["victims"])),
+                     len(plan["victims"]), dict(by_reason),
                      r.get("freed_bytes"), plan["after_bytes"], self.max_bytes)
         if plan["unmet"]:
             log.warning("hooks: the cap or a quota cannot be met: what is left is pinned or in use")

@@ -2,7 +2,8 @@
 
 Contract: `/metrics` is written by `prometheus_client` (one registry per server, made per scrape): the counters
 and gauges below, and save/restore latency as histograms (`kvstore_{save,restore}_seconds_{bucket,sum,count}`).
-The status page's own latency percentiles and time series are `kvstore.page.History`'s.
+The status page's own latency percentiles and time series are `kvstore.page.History`'s; `evicted(reason, n)` counts
+an eviction pass's victims in both (`kvstore_evictions_total{reason}` and the page's evictions over time).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvstore.page import History
+from kvstore.page import EVICTION_REASONS, History
 
 KINDS = ("slot", "restored", "parent", "prefix", "miss")
 OPS = ("save", "restore")
@@ -35,7 +36,6 @@ COUNTERS = {
     "pins_refused": "Pins refused at a save because the pinned states would pass --max-size.",
     "eviction_failures": "Evictions that failed (the store may pass its cap until the next one).",
 }
-EVICTION_REASONS = ("cap", "ttl", "quota")
 LATENCY_HELP = {"save": "Time spent saving + ingesting a slot.", "restore": "Time spent materializing + restoring a slot."}
 # Seconds: a small state saves in milliseconds, a long context over a slow bucket in tens of seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, float("inf"))
@@ -66,6 +66,11 @@ class Metrics:
         self.inc(f"{op}_count")
         self.latency[op].observe(seconds)
         self.history.latency(op, seconds)
+
+    def evicted(self, reason: str, n: int = 1) -> None:
+        """`n` names evicted for `reason` ("cap", "ttl", "quota") by one eviction pass (hooks/bound.py)."""
+        self.inc(f"evictions_{reason}", n)
+        self.history.evicted(reason, n)
 
     def inc(self, key: str, n: float = 1) -> None:
         with self._lock:

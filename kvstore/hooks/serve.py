@@ -149,7 +149,8 @@ async def _serve(cfg: HooksConfig, host: str, port: int) -> None:
 
 
 def bounds_of(args) -> dict:
-    """--max-size, --low-water, --default-ttl as HooksConfig fields; raises ValueError for a bad one."""
+    """--max-size, --low-water, --default-ttl, --evict-period as HooksConfig fields; raises ValueError for a bad
+    one."""
     from kvstore.config import LocationError, parse_size
 
     try:
@@ -162,7 +163,10 @@ def bounds_of(args) -> dict:
     ttl = getattr(args, "default_ttl", None)
     if ttl is not None and not ttl > 0:
         raise ValueError(f"--default-ttl {ttl}: must be a positive number of seconds")
-    return {"max_size": max_size, "low_water": low, "default_ttl": ttl}
+    period = getattr(args, "evict_period", 5.0)
+    if not (0 < period <= 86400):
+        raise ValueError(f"--evict-period {period}: must be seconds in (0, 86400]")
+    return {"max_size": max_size, "low_water": low, "default_ttl": ttl, "evict_period": period}
 
 
 def configure(args):

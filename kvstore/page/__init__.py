@@ -21,8 +21,10 @@ The snapshot (every key optional; a section whose key is missing is left out, so
       "slot_clock": float,           # SlotTable.clock() now: slots' last_used is on that (monotonic) clock
       "history": History.snapshot(): {
           "start": float, "now": float, "bucket_s": float,
-          "buckets": [{"t": float, "requests": {kind: int}, "prompt": int, "evaluated": int, "restored": int}],
+          "buckets": [{"t": float, "requests": {kind: int}, "prompt": int, "evaluated": int, "restored": int,
+                       "evicted": {reason: int}}],   # names evicted in the bucket, by reason
           "totals": {kind: {"requests": int, "prompt": int, "evaluated": int, "restored": int}},
+          "evicted": {reason: int},                  # names evicted since start, by reason
           "latency": {"save"|"restore": {"count": int, "window": int, "p50", "p90", "p99", "max": float|None}}},
       "store": store_snapshot(store, namespace): {
           "path": str, "scope": str|None,          # None: every namespace is listed
@@ -32,9 +34,11 @@ The snapshot (every key optional; a section whose key is missing is left out, so
           "namespaces": [{"namespace": str, "n_tokens": int, "file_bytes": int, "names": [
               {"name": str, "manifest_id": str, "n_tokens": int, "file_bytes": int, "created": float,
                "last_used": float, "parent": str|None, "parent_id": str|None, "children": [str]}]}]},
-      "bound": Bound.describe() (hooks/bound.py): {"max_bytes", "used_bytes", "evicted": {"cap", "ttl", "quota"}, ..}
+      "bound": Bound.describe() (hooks/bound.py): {"enabled": bool, "max_bytes", "used_bytes",
+                                                   "evicted": {"cap", "ttl", "quota"}, ..}
     }
-kind is one of "slot", "restored", "parent", "prefix", "miss" (the X-KV-Cache values). Every string is
+kind is one of "slot", "restored", "parent", "prefix", "miss" (the X-KV-Cache values); reason one of "cap"
+(--max-size), "ttl" (expired), "quota" (a tenant's quota), EVICTION_REASONS. Every string is
 HTML-escaped when rendered; names, namespaces and fingerprint values may hold anything.
 """
 from __future__ import annotations
@@ -42,7 +46,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Mapping, Optional
 
-from kvstore.page.history import KINDS, History
+from kvstore.page.history import EVICTION_REASONS, KINDS, History
 from kvstore.page.render import render_fragment, render_page
 from kvstore.page.snapshot import store_snapshot
 
@@ -59,4 +63,4 @@ def operator_view(remote: Optional[str], headers: Mapping[str, str]) -> bool:
         return False
 
 
-__all__ = ["operator_view", "render_page", "render_fragment", "History", "store_snapshot", "KINDS"]
+__all__ = ["operator_view", "render_page", "render_fragment", "History", "store_snapshot", "KINDS", "EVICTION_REASONS"]

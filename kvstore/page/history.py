@@ -1,8 +1,10 @@
-"""What the hooks did since start, in bounded memory: prompt tokens per time bucket and latency samples.
+"""What the hooks did since start, in bounded memory: prompt tokens and evictions per time bucket, latency samples.
 
 Contract: `History.request(kind, evaluated, restored, prompt)` once per routed request (kind is one of KINDS,
 `evaluated` llama-server's `timings.prompt_n`, `restored` the tokens restored from the store for it, `prompt`
-the whole prompt's tokens); `History.latency("save"|"restore", seconds)` once per slot save or restore.
+the whole prompt's tokens); `History.latency("save"|"restore", seconds)` once per slot save or restore;
+`History.evicted(reason, n)` once per eviction pass that evicted `n` names for `reason` (one of EVICTION_REASONS:
+"cap" --max-size, "ttl" expired, "quota" a tenant's quota; Metrics.evicted, from hooks/bound.py).
 `snapshot()` returns plain JSON-able data (shape in kvstore/page/__init__.py). Thread-safe: the hooks may call
 it from the event loop and from worker threads.
 
@@ -20,11 +22,13 @@ from typing import Any, Callable, Optional
 
 KINDS = ("slot", "restored", "parent", "prefix", "miss")
 OPS = ("save", "restore")
+EVICTION_REASONS = ("cap", "ttl", "quota")
 PERCENTILES = (50, 90, 99)
 
 
 def _bucket() -> dict[str, Any]:
-    return {"requests": {k: 0 for k in KINDS}, "prompt": 0, "evaluated": 0, "restored": 0}
+    return {"requests": {k: 0 for k in KINDS}, "prompt": 0, "evaluated": 0, "restored": 0,
+            "evicted": {r: 0 for r in EVICTION_REASONS}}
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -33,6 +37,8 @@ def _merge(a: dict, b: dict) -> dict:
         out["requests"][k] = a["requests"][k] + b["requests"][k]
     for f in ("prompt", "evaluated", "restored"):
         out[f] = a[f] + b[f]
+    for r in EVICTION_REASONS:
+        out["evicted"][r] = a["evicted"][r] + b["evicted"][r]
     return out
 
 
@@ -58,6 +64,7 @@ class History:
         self._totals = {k: {"requests": 0, "prompt": 0, "evaluated": 0, "restored": 0} for k in KINDS}
         self._samples = {op: deque(maxlen=max_samples) for op in OPS}
         self._counts = {op: 0 for op in OPS}
+        self._evicted = {r: 0 for r in EVICTION_REASONS}
 
     def _current(self) -> dict:
         """The bucket for now, growing the ring (and coarsening it when full). Caller holds the lock."""
@@ -86,6 +93,15 @@ class History:
                 b[f] += v
                 t[f] += v
 
+    def evicted(self, reason: str, n: int = 1) -> None:
+        """`n` names evicted now for `reason` (one of EVICTION_REASONS)."""
+        if reason not in EVICTION_REASONS:
+            raise ValueError(f"unknown eviction reason {reason!r}; expected one of {', '.join(EVICTION_REASONS)}")
+        n = max(0, int(n))
+        with self._lock:
+            self._current()["evicted"][reason] += n
+            self._evicted[reason] += n
+
     def latency(self, op: str, seconds: float) -> None:
         if op not in OPS:
             raise ValueError(f"unknown operation {op!r}; expected one of {', '.join(OPS)}")
@@ -97,12 +113,14 @@ class History:
         with self._lock:
             self._current()  # extend the series up to now, so idle time shows as empty buckets
             buckets = [{"t": self.start + i * self.bucket_s, "requests": dict(b["requests"]), "prompt": b["prompt"],
-                        "evaluated": b["evaluated"], "restored": b["restored"]} for i, b in enumerate(self._buckets)]
+                        "evaluated": b["evaluated"], "restored": b["restored"], "evicted": dict(b["evicted"])}
+                       for i, b in enumerate(self._buckets)]
             totals = {k: dict(v) for k, v in self._totals.items()}
+            evicted = dict(self._evicted)
             lat = {}
             for op in OPS:
                 xs = sorted(self._samples[op])
                 lat[op] = {"count": self._counts[op], "window": len(xs), "max": xs[-1] if xs else None,
                            **{f"p{p}": percentile(xs, p) for p in PERCENTILES}}
             return {"start": self.start, "now": self._clock(), "bucket_s": self.bucket_s, "buckets": buckets,
-                    "totals": totals, "latency": lat}
+                    "totals": totals, "evicted": evicted, "latency": lat}

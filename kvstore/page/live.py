@@ -2,7 +2,10 @@
 
 Contract: `slots_section(snap)`, `savings_section(snap)`, `server_section(snap)` each return one `<section>` as
 `Markup` from an autoescaped template (or "" when the snapshot lacks its data); snapshot keys as in
-kvstore/page/__init__.py.
+kvstore/page/__init__.py. `evictions_figure(snap)` returns the bounded store's evictions over time (one
+`<div id="evictions-over-time">`: per reason the names evicted since start, in `[data-reason]` elements, and a
+column per history bucket), which the store section shows; "" unless a bound is in play (`snap["bound"]["enabled"]`)
+and the snapshot has the history.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from markupsafe import Markup
 
 from kvstore.page import fmt
 from kvstore.page.fmt import template
-from kvstore.page.history import KINDS
+from kvstore.page.history import EVICTION_REASONS, KINDS
 from kvstore.page.svg import stacked_columns
 
 KIND_HELP = {
@@ -133,6 +136,33 @@ def savings_section(snap: dict[str, Any]) -> Union[Markup, str]:
         span=span, charts=charts, req=req, prompt=sum(t["prompt"] for t in tot.values()),
         evaluated=sum(t["evaluated"] for t in tot.values()), restored=sum(t["restored"] for t in tot.values()),
         kinds=[(k, tot[k]) for k in KINDS], help=KIND_HELP, latency=list(h["latency"].items())))
+
+
+EVICTION_HELP = {"cap": "over --max-size", "ttl": "expired", "quota": "over a tenant's quota"}
+
+_EVICTIONS = template(
+    '<div id="evictions-over-time"><h3>Evictions over time</h3><p class="note">Names evicted since start: '
+    '{% for r, n in totals %}<span data-reason="{{ r }}">{{ r }} <b>{{ n|num }}</b></span>'
+    '{% if not loop.last %} · {% endif %}{% endfor %}{% if chart %} ({{ span }}){% endif %}.</p>'
+    '{% if chart %}{{ chart }}{% else %}<p class="empty">No names evicted yet.</p>{% endif %}</div>')
+
+
+def evictions_figure(snap: dict[str, Any]) -> Union[Markup, str]:
+    h, bound = snap.get("history"), snap.get("bound")
+    if h is None or not bound or not bound.get("enabled"):
+        return ""
+    buckets, w = h["buckets"], float(h["bucket_s"])
+    totals = [(r, (h.get("evicted") or {}).get(r, 0)) for r in EVICTION_REASONS]
+    chart = None
+    if any(n for _, n in totals):
+        cols = [tuple(b["evicted"][r] for r in EVICTION_REASONS) for b in buckets]
+        tips = [f"+{fmt.duration(i * w)}: " + (", ".join(f"{b['evicted'][r]} {r}" for r in EVICTION_REASONS
+                                                        if b["evicted"][r]) or "none evicted")
+                for i, b in enumerate(buckets)]
+        chart = stacked_columns(cols, [(f"e-{r}", f"{r} ({EVICTION_HELP[r]})") for r in EVICTION_REASONS],
+                                _x_labels(len(buckets), w), fmt.num, tips=tips, height=170,
+                                title="Names evicted per interval by reason")
+    return Markup(_EVICTIONS.render(totals=totals, chart=chart, span=f"{fmt.duration(w)} per column"))
 
 
 _SERVER = template(

@@ -5,7 +5,8 @@ Contract: `store_section(snap)` returns one `<section id="store">` as `Markup` f
 store's bucket unreachable) put a notice with that message first. The lineage tree is nested `<ul class="tree">`
 lists (CSS draws the connectors): an article at the root, the states saved from it below. States whose parent was
 saved again since (the parent's manifest has no name any more) hang under one dashed "earlier state" node per
-parent manifest.
+parent manifest. With a bound in play (a running server's operator view) the cap card and the evictions over time
+(live.py `evictions_figure`) follow the cards.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from markupsafe import Markup
 
 from kvstore.page import fmt
 from kvstore.page.fmt import template
+from kvstore.page.live import evictions_figure
 from kvstore.page.svg import hbars
 
 _NODE = template('<span class="node" data-name="{{ n.name }}"><span class="name">{{ n.name }}</span>'
@@ -58,7 +60,7 @@ _STORE = template(
     '{% if bound and bound.max_bytes %}<div class="card" id="store-cap"><b>{{ (bound.used_bytes or 0)|size }} of '
     '{{ bound.max_bytes|size }}</b><span>stored of the cap (--max-size) · {{ evicted|num }} names evicted '
     '(cap {{ bound.evicted.cap|num }}, ttl {{ bound.evicted.ttl|num }}, quota {{ bound.evicted.quota|num }})'
-    '</span></div>{% endif %}</div>'
+    '</span></div>{% endif %}</div>{{ evictions }}'
     '<h3>Bytes</h3>{{ bars }}'
     '<p class="note" id="sizes-scope">Sizes and ratios are for {{ sizes_note }}. Dedup: logical ÷ unique (blocks '
     'shared between states are kept once). Compression: unique ÷ stored.</p>'
@@ -116,4 +118,5 @@ def store_section(snap: dict[str, Any]) -> Union[Markup, str]:
         (f"namespace {sizes_scope} only" if sizes_scope else "the default namespace only")
     return Markup(_STORE.render(path=st.get("path") or "", scope_note=scope_note, sizes_note=sizes_note, s=s,
                                 logical=logical, stored=stored, bars=bars, parts=parts,
-                                unavailable=s.get("unavailable"), bound=bound, evicted=evicted))
+                                unavailable=s.get("unavailable"), bound=bound, evicted=evicted,
+                                evictions=evictions_figure(snap)))

@@ -51,6 +51,8 @@ td.n,th.n{text-align:right}tr:last-child td{border-bottom:0}
 .k-restored{fill:var(--restored);background:var(--restored)}.k-parent{fill:var(--parent);background:var(--parent)}
 .k-prefix{fill:var(--prefix);background:var(--prefix)}.k-miss{fill:var(--miss);background:var(--miss)}
 .b-logical{fill:var(--logical)}.b-unique{fill:var(--unique)}.b-stored{fill:var(--stored)}
+.e-cap{fill:var(--eval);background:var(--eval)}.e-ttl{fill:var(--logical);background:var(--logical)}
+.e-quota{fill:var(--parent);background:var(--parent)}
 .grid2{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:0 1.5rem}
 ul.tree,ul.tree ul{list-style:none;margin:0;padding-left:1.3rem}
 ul.tree{padding-left:.2rem}

@@ -170,6 +170,45 @@ def test_history_buckets_cover_since_start_in_bounded_memory():
         h.request("bogus", 1)
 
 
+def test_history_evictions_per_bucket_by_reason_merge_when_the_ring_is_full():
+    t = [0.0]
+    h = History(bucket_s=1, max_buckets=4, clock=lambda: t[0])
+    h.evicted("cap", 2)
+    t[0] = 1.5
+    h.evicted("ttl")
+    t[0] = 3.2
+    h.evicted("quota", 3)
+    h.evicted("cap")
+    snap = h.snapshot()
+    none = {"cap": 0, "ttl": 0, "quota": 0}
+    assert snap["bucket_s"] == 1.0
+    assert [b["evicted"] for b in snap["buckets"]] == [
+        {**none, "cap": 2}, {**none, "ttl": 1}, none, {**none, "quota": 3, "cap": 1}]
+    t[0] = 4.0  # a fifth bucket: the ring of four merges pairwise, each column now 2 s
+    h.evicted("cap", 5)
+    snap = h.snapshot()
+    assert snap["bucket_s"] == 2.0 and len(snap["buckets"]) == 3
+    assert [b["evicted"] for b in snap["buckets"]] == [
+        {"cap": 2, "ttl": 1, "quota": 0}, {"cap": 1, "ttl": 0, "quota": 3}, {**none, "cap": 5}]
+    assert snap["evicted"] == {"cap": 8, "ttl": 1, "quota": 3}
+    assert all(sum(b["requests"].values()) == 0 for b in snap["buckets"])  # evictions are not requests
+    with pytest.raises(ValueError):
+        h.evicted("lru")
+
+    # rendered in the store section only while a bound is in play, one column per bucket, totals by reason
+    store_part = {"path": "/s", "stats": {}, "namespaces": []}
+    bound = {"enabled": True, "max_bytes": 1 << 20, "used_bytes": 1000, "evicted": {"cap": 8, "ttl": 1, "quota": 3}}
+    html = render_fragment({"history": snap, "store": store_part, "bound": bound, "generated": 10.0})
+    fig = html.split('<div id="evictions-over-time">')[1].split("</figure>")[0]
+    assert re.findall(r'<span data-reason="(\w+)">\w+ <b>([0-9,]+)</b>', fig) == [
+        ("cap", "8"), ("ttl", "1"), ("quota", "3")]
+    assert len(re.findall(r'<rect class="e-cap"', fig)) == 3 and len(re.findall(r'<rect class="e-quota"', fig)) == 1
+    assert "+2s: 1 cap, 3 quota" in fig
+    off = render_fragment({"history": snap, "store": store_part, "bound": {**bound, "enabled": False}})
+    assert "evictions-over-time" not in off and "evictions-over-time" not in render_fragment(
+        {"history": snap, "store": store_part})
+
+
 def test_another_tenants_slot_renders_as_in_use_only():
     slots = live_snapshot()["slots"]
     masked = [{"id": s["id"], "busy": s["busy"], "other_namespace": True} for s in slots]  # Slot.view's shape
