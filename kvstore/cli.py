@@ -81,6 +81,9 @@ def add_serve_args(sp) -> None:
     sp.add_argument("--upstream-stall-timeout", type=float, default=10.0, metavar="SECONDS",
                     help="llama-server answering no /health probe this long is stalled (frozen): 504 for waiting "
                          "requests, 503 for new ones until it answers (default 10; 0: no probe)")
+    sp.add_argument("--assume-prefill-tps", type=float, metavar="TOKENS_PER_S",
+                    help="restore or recompute (docs/hooks.md): take llama-server's prefill rate as this instead of "
+                         "measuring it, e.g. a GPU's (default: measured from replies' timings)")
     b = sp.add_argument_group("bounded store (docs/design.md \"Bounded store\")")
     b.add_argument("--max-size", metavar="SIZE",
                    help="keep the store within SIZE (suffixes K, M, G, T: powers of 1024, e.g. 20G): once a save "

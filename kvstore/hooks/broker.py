@@ -171,22 +171,55 @@ class Broker:
                         return done
             if naming.name and not await self._parent_serves_better(naming, tokens_fn):
                 with contextlib.suppress(NotStored):
+                    if not await self._worth_name(lease, ns, naming.name):
+                        return self._recomputed(lease)
                     r = await self.transfer.restore(lease, ns, name=naming.name)
                     return "restored", int(r.get("n_restored") or 0)
             if naming.parent:
                 with contextlib.suppress(NotStored):
+                    if not await self._worth_name(lease, ns, naming.parent):
+                        return self._recomputed(lease)
                     r = await self.transfer.restore(lease, ns, name=naming.parent)
                     self._built_on(slot, naming, "parent", naming.parent)
                     return "parent", int(r.get("n_restored") or 0)
             if not looked_up and naming.name:
                 hint = await self.lookup(ns, await tokens_fn())
             if hint is not None and int(hint["n_common"]) > lease.lcp:
+                n_common = int(hint["n_common"])
+                if not self._worth(lease, int(hint.get("n_tokens") or n_common), n_common):
+                    return self._recomputed(lease)
                 with contextlib.suppress(NotStored):
                     r = await self.transfer.restore(lease, ns, manifest_id=hint["manifest_id"])
                     self._built_on(slot, naming, "prefix", hint.get("name"))
                     return "prefix", int(r.get("n_restored") or 0)
         except RestoreFailed:
             return "miss", 0
+        return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
+
+    def _worth(self, lease: Lease, restore_tokens: int, useful_tokens: int) -> bool:
+        """Restore a state of `restore_tokens` tokens, of which `useful_tokens` serve the prompt (those the slot
+        holds in place are spared either way)? hooks/cost.py decides; the lease keeps the decision (X-KV-Decision)."""
+        d = self.transfer.cost.decide(restore_tokens, max(0, useful_tokens - lease.lcp))
+        lease.decision = d
+        self.metrics.inc(f"decisions_{d.word}")
+        return d.restore
+
+    async def _worth_name(self, lease: Lease, namespace: str, name: str) -> bool:
+        """`_worth` for a stored name, all of whose tokens the prompt is taken to extend (a returning user; the
+        prompt is not tokenized for it). Raises NotStored when the name is not stored."""
+        try:
+            info = await self.store.get(name, namespace=namespace)
+        except Exception as e:  # noqa: BLE001 - unknown: let the restore decide (and fail as it does)
+            log.error("store lookup of %r failed: %s", name, e)
+            return True
+        if info is None:
+            raise NotStored(name)
+        n = int(info.get("n_tokens") or 0)
+        return self._worth(lease, n, n)
+
+    def _recomputed(self, lease: Lease) -> tuple[str, int]:
+        """The restore was predicted slower than evaluating: llama-server evaluates the prompt (past what the slot
+        holds in place)."""
         return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
 
     async def _parent_serves_better(self, naming: Naming, tokens_fn: TokensFn) -> bool:
@@ -217,6 +250,8 @@ class Broker:
         chosen = await cut.plan(self.store, lease, naming, tokens, hint, self.block_size)
         if chosen is None:
             return None
+        if not self._worth(lease, chosen.at, chosen.at):
+            return self._recomputed(lease)
         c = chosen.source
         r = await self.transfer.restore_cut(lease, naming.namespace, chosen.at,
                                             name=c.name if c.kind != "prefix" else None, manifest_id=c.manifest_id)
@@ -268,9 +303,11 @@ class Broker:
             self.table.evaluated(slot, await tokens_fn() or [])
             timings = r.get("timings") or {}
             self.metrics.evaluated(kind, timings, n_restored)
+            self.transfer.cost.prefilled(timings)
             info = await lease.shielded(self.transfer.save(slot))
             self.table.saved(slot)
         return {"id_slot": slot.id, "cache": kind, "n_restored": n_restored, "timings": timings, "stored": info,
+                "decision": lease.decision.word if lease.decision else None,
                 "n_tokens": int((info or {}).get("n_tokens") or r.get("tokens_cached") or 0)}
 
     async def save_raw(self, slot_id: int, caller: Caller, name: str) -> dict:

@@ -71,6 +71,8 @@ class Handlers:
             headers = {"X-KV-Cache": kind, "X-KV-Restored-Tokens": str(n_restored), "X-KV-Slot": str(slot.id)}
             if naming.name:
                 headers["X-KV-Name"] = naming.name
+            if lease.decision is not None:
+                headers["X-KV-Decision"] = lease.decision.header()
             seen = _Tee(bool(body.get("stream")))
             try:
                 resp = await w.up.forward(request, path, body=json.dumps(body).encode(), extra_headers=headers,
@@ -86,7 +88,9 @@ class Handlers:
                     # Let the restart watch see this task's id soon: a restart right after it is then noticed.
                     h.check_upstream_soon()
                     # Counted even when the client hung up after the last chunk (write_eof then fails).
-                    h.metrics.evaluated(kind, seen.timings(), n_restored)
+                    timings = seen.timings()
+                    h.metrics.evaluated(kind, timings, n_restored)
+                    w.transfer.cost.prefilled(timings)
             return resp
 
     async def prime(self, request: web.Request) -> web.Response:
@@ -153,7 +157,9 @@ class Handlers:
             "queue_length": w.table.queue_length, "slots": slots,
             "counters": h.metrics.snapshot(), "store": store,
             # The bound's figures are the whole store's: an admin's; a tenant sees its own quota.
-            "bound": w.bound.describe() if c.admin else {"quota": w.bound.quota_of(c.namespace)}}))
+            "bound": w.bound.describe() if c.admin else {"quota": w.bound.quota_of(c.namespace)},
+            # Restore or recompute (hooks/cost.py): rates measured on this server, all tenants' restores included.
+            "cost": w.transfer.cost.describe() if c.admin else None}))
 
     async def status_page(self, request: web.Request) -> web.Response:
         """GET /kvstore/: the status page (`?fragment=1`: its main part, for the page's own refresh)."""

@@ -119,6 +119,11 @@ class _Scrape(Collector):
         for r in EVICTION_REASONS:
             evictions.add_metric([r], snap.get(f"evictions_{r}", 0))
         yield evictions
+        decisions = CounterMetricFamily("kvstore_decisions", "Restores weighed against evaluating the same tokens "
+                                        "(hooks/cost.py), by what was chosen.", labels=["decision"])
+        for d in ("restore", "recompute"):
+            decisions.add_metric([d], snap.get(f"decisions_{d}", 0))
+        yield decisions
         for op in OPS:
             yield from self.metrics.latency[op].collect()
         yield _gauge("kvstore_queue_length", "Requests waiting for a slot.", self.queue_length)

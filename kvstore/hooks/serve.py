@@ -21,6 +21,7 @@ from aiohttp import web
 from kvstore.engine import EmbeddedServer  # xllamacpp itself is imported only when one is started
 
 from .app import HOOKS, HooksConfig, build_app
+from .cost import CostModel
 from .cut import swa_cells
 
 log = logging.getLogger("kvstore.hooks")
@@ -169,6 +170,14 @@ def bounds_of(args) -> dict:
     return {"max_size": max_size, "low_water": low, "default_ttl": ttl, "evict_period": period}
 
 
+def prefill_of(args) -> Optional[float]:
+    """--assume-prefill-tps; raises ValueError for a bad one (the cost model says why)."""
+    tps = getattr(args, "assume_prefill_tps", None)
+    if tps is not None:
+        CostModel(tps)
+    return tps
+
+
 def configure(args):
     """The hooks' settings for arguments `kvstore.cli` parsed, starting the embedded llama-server unless
     `--upstream` names one. Returns (HooksConfig, the EmbeddedServer or None); the caller closes the engine."""
@@ -199,7 +208,7 @@ def configure(args):
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
                           upstream_stall_timeout=args.upstream_stall_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,
-                          swa_cells=engine_swa_cells(engine), **bounds)
+                          swa_cells=engine_swa_cells(engine), assume_prefill_tps=prefill_of(args), **bounds)
     except BaseException:
         if engine is not None:
             engine.close()

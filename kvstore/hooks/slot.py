@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Optional, Protocol, Sequence
+
+if TYPE_CHECKING:  # a lease only carries the decision; slot.py imports nothing of the proxy's at run time
+    from .cost import Decision
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -103,6 +106,7 @@ class Lease:
     resident: bool = False  # the slot already holds the requested name
     parent_resident: bool = False  # the slot holds the requested parent (used in place)
     lcp: int = 0  # tokens the slot's content shares with the request's prompt (reused in place)
+    decision: Optional[Decision] = None  # restore or recompute (hooks/cost.py), once a restore was weighed
     table: Optional[SlotEvents] = field(default=None, repr=False)  # set by acquire: the table that leased it
     _tasks: list = field(default_factory=list, repr=False)
 

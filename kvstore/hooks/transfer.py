@@ -19,6 +19,7 @@ from typing import Any, Optional
 from kvstore import _core
 from kvstore.errors import KvStoreError, NameNotFound
 
+from .cost import CostModel
 from .errors import NotStored, RestoreFailed, UpstreamError, UpstreamReply
 from .metrics import Metrics
 from .slot import Lease, Slot
@@ -36,11 +37,13 @@ def layout_is_empty(layout: str) -> bool:
 
 class Transfer:
     def __init__(self, up: Any, store: AsyncStore, sync: SyncDir, metrics: Metrics, *, n_slots: int,
-                 fingerprint: dict[str, str], swa_cells: int = 0):
+                 fingerprint: dict[str, str], swa_cells: int = 0, cost: Optional[CostModel] = None):
         self.up, self.store, self.sync, self.metrics = up, store, sync, metrics
         self.n_slots = n_slots
         self.fingerprint = fingerprint
         self.swa_cells = swa_cells  # hooks/cut.py swa_cells: keep a fresh evaluation's cell layout in a cut
+        # Restore or recompute (hooks/cost.py): every restore's time is one of its observations.
+        self.cost = cost if cost is not None else CostModel()
         self.layout: Optional[str] = None
         # The store's bound (hooks/bound.py): `reserve(namespace, file_bytes)` around every ingest (it may evict
         # first, so the store stays within its cap), `saved(namespace, name, report)` after it.
@@ -148,7 +151,9 @@ class Transfer:
                 lease.table.cleared(lease.slot)
                 raise
         n = int(r.get("n_restored") or 0)
-        self.metrics.timed("restore", time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.metrics.timed("restore", seconds)
+        self.cost.restored(n, int(info.get("file_bytes") or 0), seconds)
         self.metrics.inc("tokens_restored", n)
         r["kvstore"] = info
         return r

@@ -52,6 +52,8 @@ class HooksConfig:
     low_water: float = 0.9
     default_ttl: Optional[float] = None
     evict_period: float = 5.0
+    # Restore or recompute (hooks/cost.py): a fixed prefill rate in tokens/s instead of the measured one.
+    assume_prefill_tps: Optional[float] = None
 
     @property
     def location(self) -> Location:
