@@ -72,7 +72,8 @@ def test_bad_names_raw_slots_corrupt_object_upstream_down(tmp_path, state_files,
         # sees it (which would wipe the slot); the request is evaluated in full
         fp = get(u, "/kvstore/stats").json["fingerprint"]
         layout = fp.pop("layout")
-        other = kvstore.Store(str(store)).ingest("fa-off", str(state_files["smollm2_fa_off"]), fingerprint=fp)
+        other = kvstore.Store(str(store)).ingest("fa-off", str(state_files["smollm2_fa_off"]), fingerprint=fp,
+                                                 force=True)  # the store's own check would refuse it first
         assert kvstore.Store(str(store)).get("fa-off")["layout"] != layout, other
         failures = metric(u, "kvstore_restore_failures_total")
         caplog.clear()

@@ -28,12 +28,12 @@ class External:
     """llama-server in its own process (`python -m kvstore.engine`), so that it can be stopped, continued and
     restarted under the hooks."""
 
-    def __init__(self, store: Path, log: Path, port: int = 0):
+    def __init__(self, store: Path, log: Path, port: int = 0, ctx: int = 2048):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log, "ab")
         cmd = [sys.executable, "-m", "kvstore.engine", "--model", "smollm2", "--port", str(self.port), "-np", "2",
-               "-c", "2048", "--cache-ram", "0", "--slot-save-path", str(sync_dir(store))]
+               "-c", str(ctx), "--cache-ram", "0", "--slot-save-path", str(sync_dir(store))]
         if THREADS:
             cmd += ["-t", str(THREADS)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
@@ -187,11 +187,13 @@ def test_a_long_alive_evaluation_is_not_cut_by_the_stall_probe(tmp_path):
     takes several times the stall timeout (3 s here) is served whole, and no stall is seen. (Were /health blocked by
     the main loop, this request would get a 504.)"""
     store = tmp_path / "store"
-    up = External(store, tmp_path / "llama.log")
+    # 4,096 cells a slot: the prompt and a generation long enough to take several stall timeouts even on a fast
+    # machine (1,000 tokens in a 1,024-cell slot took only 4.3 s: the slot filled and generation stopped)
+    up = External(store, tmp_path / "llama.log", ctx=8192)
     stall = 3.0
     with stack(up), hooks(up.url, store, upstream_stall_timeout=stall) as hk:
         text = " ".join(intro(i % 5) for i in range(12))  # ~900 tokens of prompt, then a long generation
-        body = {"prompt": text, "n_predict": 1000, "ignore_eos": True, "temperature": 0,
+        body = {"prompt": text, "n_predict": 3000, "ignore_eos": True, "temperature": 0,
                 "cache_prompt_name": "long"}
         answered = hk.hooks.wired.up.probes_answered
         r = request(hk.url + "/completion", "POST", body, timeout=600)
