@@ -28,7 +28,7 @@ PRESETS = {
         "batch": {"seed": 4, "articles": 3, "questions": 3, "article_words": [150, 200], "n_predict": 4},
     },
     "quick": {
-        "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore"],
+        "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore", "kvcap"],
         "workloads": ["W1", "W2", "W3", "storage"], "parallel": 2, "ctx_size": 8192,
         "w1": {"seed": 1, "users": 6, "turns": 4, "system_words": 60, "msg_words": 40, "n_predict": 16, "inflight": 2},
         "w2": {"seed": 2, "articles": 3, "questions": 3, "article_words": [300, 500], "n_predict": 8},
@@ -38,7 +38,7 @@ PRESETS = {
         "batch": {"seed": 4, "articles": 20, "questions": 5, "article_words": [300, 500], "n_predict": 8},
     },
     "full": {
-        "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore"],
+        "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore", "kvcap"],
         "workloads": ["W1", "W2", "W3", "W1long", "storage"], "parallel": 2, "ctx_size": 8192,
         "w1": {"seed": 1, "users": 10, "turns": 5, "system_words": 100, "msg_words": 50, "n_predict": 24,
                "inflight": 3},
@@ -70,6 +70,8 @@ PRESETS["balancer"] = {**PRESETS["quick"], "models": ["smollm2"], "targets": ["s
                        "w1": {"seed": 1, "users": 10, "turns": 4, "system_words": 40, "msg_words": 25,
                               "n_predict": 8, "inflight": 3}}
 MULTI_SERVER_WORKLOADS = ("W1", "W3", "W1long")  # W2 has no users to move between servers
+# What the uncapped kvstore target stored per (model, workload row), the size a capped target's cap is a fraction of.
+UNCAPPED_BYTES: dict = {}
 
 
 def w2_label(order: str, parents: bool, naming: str, inflight: int) -> str:
@@ -94,8 +96,16 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
     if spec.servers > 1 and not spec.balance and name not in MULTI_SERVER_WORKLOADS:
         return rows
     for label, fn in variants:
+        max_size = None
+        if spec.cap_of_uncapped:
+            uncapped = UNCAPPED_BYTES.get((model, label))
+            if not uncapped:
+                print(f"  {label}: {spec.name} skipped: the uncapped kvstore target did not run first",
+                      file=sys.stderr, flush=True)
+                continue
+            max_size = int(spec.cap_of_uncapped * uncapped)
         wd = workdir()
-        target = Target(spec, model, cfg["parallel"], cfg["ctx_size"], wd)
+        target = Target(spec, model, cfg["parallel"], cfg["ctx_size"], wd, max_size=max_size)
         try:
             res = fn(target)
             res["rss_bytes"] = target.rss_bytes()
@@ -103,6 +113,13 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
                 res["store_bytes"] = target.store_bytes()
                 m = target.metrics()
                 res["saved_file_bytes"] = int(m.get("kvstore_bytes_saved_total", 0))
+                # What the cap counts (the objects' stored bytes), and what it evicted.
+                res["stored_bytes"] = int(m.get("kvstore_store_bytes", 0))
+                res["evicted_cap"] = int(m.get('kvstore_evictions_total{reason="cap"}', 0))
+                if max_size is not None:
+                    res["max_size"] = max_size
+                elif spec.servers == 1 and not spec.bucket:
+                    UNCAPPED_BYTES[(model, label)] = res["stored_bytes"]
         finally:
             target.close()
             cleanup(wd)
@@ -128,6 +145,9 @@ def table(results: dict) -> str:
             rel = lambda k: f" ({r[k] / b[k]:.2f}x)" if b and b.get(k) and r.get(k) is not None else ""
             disk = (f"{r['store_bytes'] / 2**20:.1f} MiB (one file per save: {r['saved_file_bytes'] / 2**20:.1f} MiB)"
                     if "store_bytes" in r else f"RSS {r['rss_bytes'] / 2**20:.0f} MiB")
+            if r.get("max_size"):
+                disk += (f"; cap {r['max_size'] / 2**20:.1f} MiB, objects {r['stored_bytes'] / 2**20:.1f} MiB, "
+                         f"{r['evicted_cap']} names evicted")
             lines.append(f"| {r['workload']} | {r['target']} | {r['requests']} | {r['prompt_n']} | {r['ideal']} | "
                          f"{r['ratio_to_ideal']} | {r['cache_n']} | "
                          f"{'-' if ttft is None else f'{ttft * 1000:.0f} ms'}{rel('ttft_returning_p50_s')} | "

@@ -45,6 +45,9 @@ class TargetSpec:
     servers: int = 1  # > 1: that many `kvstore serve` on one S3 store, each request of a user on the next one
     balance: str = ""  # "name" | "roundrobin": the servers behind a real HAProxy (kvstore balancer-config) instead
     bucket: bool = False  # an S3 store even for one server
+    # > 0: `kvstore serve --max-size` this fraction of what the uncapped kvstore target stored for the same workload
+    # in the same run (bench/__main__.py passes the size; the uncapped target must run first)
+    cap_of_uncapped: float = 0.0
 
 
 TARGETS = {
@@ -52,6 +55,7 @@ TARGETS = {
     "ram": TargetSpec("llama-server --cache-ram 8192", "llama", 8192),
     "ram512": TargetSpec("llama-server --cache-ram 512", "llama", 512),
     "kvstore": TargetSpec("kvstore serve", "kvstore", 0),
+    "kvcap": TargetSpec("kvstore serve --max-size 50%", "kvstore", 0, cap_of_uncapped=0.5),
     "s3x2": TargetSpec("2x kvstore serve, one S3 store", "kvstore", 0, servers=2),
     "s3x1": TargetSpec("1x kvstore serve, S3 store", "kvstore", 0, bucket=True),
     "lb-rr": TargetSpec("2x kvstore serve, HAProxy round-robin", "kvstore", 0, servers=2, balance="roundrobin"),
@@ -65,8 +69,10 @@ S3_IDLE_SAVE = "0.5"
 class Target:
     """A running target; `restart()` stops and starts it again on the same store (W3)."""
 
-    def __init__(self, spec: TargetSpec, model: str, parallel: int, ctx_size: int, workdir: Path):
+    def __init__(self, spec: TargetSpec, model: str, parallel: int, ctx_size: int, workdir: Path,
+                 max_size: Optional[int] = None):
         self.spec, self.model, self.parallel, self.ctx_size = spec, model, parallel, ctx_size
+        self.max_size = max_size  # kvstore serve --max-size, bytes
         self.workdir = workdir
         self.store = workdir / "store"
         self.log = open(workdir / f"{spec.kind}-{spec.cache_ram}.log", "ab")
@@ -110,6 +116,8 @@ class Target:
                        str(self.workdir / f"cache{i}"), "--idle-save", S3_IDLE_SAVE, *common]
             else:
                 cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--store", str(self.store), *common]
+            if self.max_size is not None and self.spec.kind == "kvstore":
+                cmd += ["--max-size", str(self.max_size)]
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
             self.procs.append(proc)
             self.urls.append(f"http://127.0.0.1:{port}")
