@@ -84,6 +84,9 @@ def add_serve_args(sp) -> None:
     sp.add_argument("--assume-prefill-tps", type=float, metavar="TOKENS_PER_S",
                     help="restore or recompute (docs/hooks.md): take llama-server's prefill rate as this instead of "
                          "measuring it, e.g. a GPU's (default: measured from replies' timings)")
+    sp.add_argument("--restore-policy", choices=("cost", "always"), default="cost",
+                    help="cost: restore a stored state only while that is predicted faster than evaluating its "
+                         "tokens; always: restore whatever the estimates say (default cost)")
     b = sp.add_argument_group("bounded store (docs/design.md \"Bounded store\")")
     b.add_argument("--max-size", metavar="SIZE",
                    help="keep the store within SIZE (suffixes K, M, G, T: powers of 1024, e.g. 20G): once a save "

@@ -43,6 +43,9 @@ def hooks(upstream: str, store: Path, **kw):
     from kvstore.hooks.serve import Running
 
     kw.setdefault("idle_save", 0)
+    # The tests of the restore paths pin them: the measured rates of a loaded machine must not choose for them
+    # (tests/hooks/test_hooks_cost.py tests the default policy, "cost").
+    kw.setdefault("restore_policy", "always")
     return Running(HooksConfig(upstream=upstream, store=Path(store), **kw))
 
 

@@ -31,7 +31,7 @@ class Node:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--store", self.store, "--cache", str(self.cache),
                "-m", self.model, "-np", "2", "-c", str(CTX), "--cache-ram", "0", "-fa", "on", "--port", "0",
-               "--idle-save", str(self.idle_save), *self.extra]
+               "--idle-save", str(self.idle_save), "--restore-policy", "always", *self.extra]
         if THREADS:
             cmd += ["-t", str(THREADS)]
         return cmd

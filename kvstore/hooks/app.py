@@ -140,7 +140,7 @@ class Hooks:
         fp = await asyncio.to_thread(server_fingerprint, props, models)
         fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
         transfer = Transfer(up, store, self.sync, self.metrics, n_slots=n_slots, fingerprint=fp,
-                            swa_cells=self.cfg.swa_cells, cost=CostModel(self.cfg.assume_prefill_tps))
+                            swa_cells=self.cfg.swa_cells, cost=CostModel(self.cfg.assume_prefill_tps, self.cfg.restore_policy))
         table = SlotTable(n_slots, save=transfer.save, max_queue=self.cfg.max_queue,
                           erase=lambda s: up.slot_action(s.id, "erase"),
                           extension_only=lambda: cut.extension_only(transfer.fingerprint, transfer.layout))

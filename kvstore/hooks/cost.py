@@ -13,7 +13,10 @@ SAMPLES observations (a fixed cost per call: the HTTP round trip, the file's cre
 second). `decide(restore_tokens, saved_tokens)` predicts restoring a state of `restore_tokens` tokens against
 evaluating the `saved_tokens` it spares, and returns a `Decision`: "restore" unless both sides are measured and the
 restore is predicted slower. `assume_prefill_tps` (`--assume-prefill-tps`) fixes the prefill rate instead of
-measuring it (a faster machine's, to see what the model would choose there; the tests use it).
+measuring it (a faster machine's, to see what the model would choose there; the tests use it). `policy`
+(`--restore-policy`): "cost" (the default) decides as above; "always" restores whatever the estimates say (they
+are still reported): what the tests of the restore paths themselves run with, so that a machine's rates never
+change which path they exercise.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+POLICIES = ("cost", "always")
 MIN_PREFILL = 16  # tokens: shorter evaluations are dominated by per-call work, not prefill
 SAMPLES = 64  # observations kept per side
 
@@ -83,10 +87,12 @@ class Decision:
 
 
 class CostModel:
-    def __init__(self, assume_prefill_tps: Optional[float] = None):
+    def __init__(self, assume_prefill_tps: Optional[float] = None, policy: str = "cost"):
         if assume_prefill_tps is not None and not assume_prefill_tps > 0:
             raise ValueError(f"--assume-prefill-tps {assume_prefill_tps}: must be a positive number of tokens/s")
-        self.assume_prefill_tps = assume_prefill_tps
+        if policy not in POLICIES:
+            raise ValueError(f"--restore-policy {policy!r}: one of {', '.join(POLICIES)}")
+        self.assume_prefill_tps, self.policy = assume_prefill_tps, policy
         self.prefill = Line()  # tokens -> seconds
         self.restore = Line()  # file bytes -> seconds
         self._bytes_per_token: deque[float] = deque(maxlen=SAMPLES)
@@ -125,7 +131,7 @@ class CostModel:
         """Restore a state of `restore_tokens` tokens, sparing the evaluation of `saved_tokens`? Restore unless
         both sides are measured and the restore is predicted slower."""
         r, c = self.restore_seconds(restore_tokens), self.recompute_seconds(saved_tokens)
-        return Decision(r is None or c is None or r <= c, r, c)
+        return Decision(self.policy == "always" or r is None or c is None or r <= c, r, c)
 
     def describe(self) -> dict:
         """For /kvstore/stats: the fitted lines and what they predict."""
@@ -135,7 +141,8 @@ class CostModel:
                 return None
             return {"samples": len(ln), "fixed_s": round(f[0], 6), f"{unit}_per_s": round(1 / f[1]) if f[1] else None}
         bpt = self.bytes_per_token()
-        return {"prefill": ({"assumed": True, "tokens_per_s": self.assume_prefill_tps}
+        return {"policy": self.policy,
+                "prefill": ({"assumed": True, "tokens_per_s": self.assume_prefill_tps}
                             if self.assume_prefill_tps is not None else line(self.prefill, "tokens")),
                 "restore": line(self.restore, "bytes"),
                 "bytes_per_token": None if bpt is None else round(bpt)}

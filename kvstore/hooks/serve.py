@@ -170,12 +170,12 @@ def bounds_of(args) -> dict:
     return {"max_size": max_size, "low_water": low, "default_ttl": ttl, "evict_period": period}
 
 
-def prefill_of(args) -> Optional[float]:
-    """--assume-prefill-tps; raises ValueError for a bad one (the cost model says why)."""
-    tps = getattr(args, "assume_prefill_tps", None)
-    if tps is not None:
-        CostModel(tps)
-    return tps
+def cost_of(args) -> dict:
+    """--assume-prefill-tps, --restore-policy as HooksConfig fields; raises ValueError for a bad one (the cost
+    model says why)."""
+    tps, policy = getattr(args, "assume_prefill_tps", None), getattr(args, "restore_policy", "cost")
+    CostModel(tps, policy)
+    return {"assume_prefill_tps": tps, "restore_policy": policy}
 
 
 def configure(args):
@@ -208,7 +208,7 @@ def configure(args):
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
                           upstream_stall_timeout=args.upstream_stall_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,
-                          swa_cells=engine_swa_cells(engine), assume_prefill_tps=prefill_of(args), **bounds)
+                          swa_cells=engine_swa_cells(engine), **cost_of(args), **bounds)
     except BaseException:
         if engine is not None:
             engine.close()

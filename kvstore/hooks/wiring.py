@@ -54,6 +54,7 @@ class HooksConfig:
     evict_period: float = 5.0
     # Restore or recompute (hooks/cost.py): a fixed prefill rate in tokens/s instead of the measured one.
     assume_prefill_tps: Optional[float] = None
+    restore_policy: str = "cost"  # "cost": restore only when predicted faster; "always": whatever the estimates
 
     @property
     def location(self) -> Location:

@@ -50,6 +50,14 @@ def test_recompute_wins_short_prefixes_against_a_fast_prefill_and_restore_wins_l
     assert all(cpu.decide(n, n).restore for n in (16, 64, 1024, 8192))
     with pytest.raises(ValueError, match="assume-prefill-tps"):
         CostModel(0)
+    with pytest.raises(ValueError, match="restore-policy"):
+        CostModel(policy="never")
+    # "always" (what the restore paths' own tests pin): the same estimates, the restore whatever they say.
+    pinned = CostModel(assume_prefill_tps=20_000, policy="always")
+    for n in (400, 1600):
+        pinned.restored(n, n * 100_000, 0.008 + n * 100_000 / 5e9)
+    d = pinned.decide(32, 32)
+    assert d.restore and d.restore_s > d.recompute_s, d
 
 
 def _two_at_a_time(url: str, users: list[int], turn: int, history: dict) -> dict:
@@ -93,7 +101,7 @@ def _returning(model: str, store, **kw) -> tuple[dict, dict, dict]:
 @pytest.mark.parametrize("model", MODELS)
 def test_a_gpu_fast_prefill_recomputes_and_the_measured_cpu_rate_restores(model, tmp_path):
     # As fast as no restore path can be: recompute must win every weighed restore once a restore was measured.
-    last, n_tokens, seen = _returning(model, tmp_path / "fast", assume_prefill_tps=1e9)
+    last, n_tokens, seen = _returning(model, tmp_path / "fast", assume_prefill_tps=1e9, restore_policy="cost")
     assert seen["cost"]["prefill"] == {"assumed": True, "tokens_per_s": 1e9}, seen
     assert seen["cost"]["restore"]["samples"] >= 1, seen
     for u, r in last.items():
@@ -107,7 +115,7 @@ def test_a_gpu_fast_prefill_recomputes_and_the_measured_cpu_rate_restores(model,
                for r in seen["first"].values()), {u: r.headers for u, r in seen["first"].items()}
 
     # Measured on these CPUs: restoring is far cheaper than evaluating again, so the same returns are restored.
-    last, n_tokens, seen = _returning(model, tmp_path / "measured")
+    last, n_tokens, seen = _returning(model, tmp_path / "measured", restore_policy="cost")  # the default
     assert seen["cost"]["prefill"]["samples"] >= 4 and seen["cost"]["restore"]["samples"] >= 2, seen
     for u, r in last.items():
         assert r.headers["X-KV-Decision"].startswith("restore; restore_ms="), r.headers

@@ -236,7 +236,8 @@ def serve_process(upstream: str, store: Path):
     """`kvstore serve --upstream URL` in a subprocess: yields (process, its URL) once it says it listens (30 s at
     most); killed on the way out if still running."""
     proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", "--upstream", upstream, "--store", str(store),
-                             "--port", "0", "--idle-save", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                             "--port", "0", "--idle-save", "0", "--restore-policy", "always"], cwd=ROOT,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         got: list = []

@@ -53,7 +53,8 @@ def test_serve_command_sigterm_saves_dirty_slots(tmp_path):
     srv = engine("smollm2", store)
     with stack(srv):
         proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", "--upstream", srv.url, "--store", str(store),
-                                 "--port", "0", "--idle-save", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                                 "--port", "0", "--idle-save", "0", "--restore-policy", "always"], cwd=ROOT,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         try:
             line = proc.stdout.readline()
