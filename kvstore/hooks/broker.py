@@ -147,7 +147,12 @@ class Broker:
                 if resident is not None and resident.busy and ask.tokens:
                     ask.hint, ask.looked_up = await self.lookup(ns, ask.tokens), True
                     covered = int(ask.hint["n_common"]) if ask.hint else 0
-                    ask.fork = covered > 0 and covered >= common_prefix(resident.tokens, ask.tokens)
+                    # What waiting would give: the busy slot's content once its request is done, which extends
+                    # that request's prompt (its tokens before it, after a restore, may be none at all). Waiting
+                    # pays only for a block or more beyond the stored state (SlotTable's rule for prefixes under
+                    # way): two questions share a few tokens ("Question:") past their article.
+                    busy_has = common_prefix(resident.inflight or resident.tokens, ask.tokens)
+                    ask.fork = covered > 0 and covered + self.block_size > busy_has
                 return ask
         tokens = await tokens_fn()
         hint = await self.lookup(ns, tokens)

@@ -30,8 +30,11 @@ class SlotTable:
     def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[object]],
                  erase: Optional[Callable[[Slot], Awaitable[Any]]] = None, max_queue: int = 64,
                  clock: Callable[[], float] = time.monotonic,
-                 extension_only: Callable[[], bool] = lambda: False):
+                 extension_only: Callable[[], bool] = lambda: False, min_shared: int = 32):
         self.slots = [Slot(i) for i in range(n_slots)]
+        # Tokens (one store block) a request under way must share with a waiting prompt beyond what an idle slot or
+        # the store offers, for the waiting request to wait for it rather than evaluate that prefix again at once.
+        self.min_shared = min_shared
         # True when llama-server can use a slot's content in place only if the prompt extends all of it (an SWA
         # cache, a recurrent state: cut.extension_only); asked at each pick, since the layout is learned late.
         self.extension_only = extension_only
@@ -116,6 +119,8 @@ class SlotTable:
         # Only a slot holding content of the same namespace is reused in place: tenants never share KV cells
         # (nor learn, from cache_n, what another tenant's prompt began with).
         same_ns = [s for s in idle if s.owner == namespace]
+        if tokens and self._shared_in_flight(tokens, namespace, same_ns, better_than):
+            return None  # wait: a request under way is evaluating a longer prefix of this prompt
         if tokens and same_ns:
             best = max(same_ns, key=lambda s: (common_prefix(s.tokens, tokens), -s.last_used))
             lcp = common_prefix(best.tokens, tokens)
@@ -123,6 +128,19 @@ class SlotTable:
                 # lcp: what llama-server keeps in place; nothing where the prompt leaves the slot's content early
                 return Lease(best, lcp=lcp if self.usable(best, tokens) else 0)
         return Lease(self._lru(idle))  # type: ignore[arg-type]
+
+    def _shared_in_flight(self, tokens: Sequence[int], namespace: str, same_ns: list[Slot], better_than: int
+                          ) -> bool:
+        """Is a request of this namespace under way in a busy slot whose prompt shares with `tokens` at least
+        `min_shared` tokens more than an idle slot's content or the store (`better_than`) offers? Then waiting for
+        that slot costs this request some latency and spares evaluating the shared prefix twice at once (several
+        questions about one article in flight, none of it stored yet): once it is done, its slot (similar content,
+        in place) or its saved state serves this request. Requests with a state of their own to restore pass a
+        `better_than` no prefix reaches, and never wait here; other namespaces' requests are never waited for
+        (their prompts must not shape this one's timing)."""
+        have = max([better_than] + [common_prefix(s.tokens, tokens) for s in same_ns])
+        return any(s.busy and s.owner == namespace and s.inflight
+                   and common_prefix(s.inflight, tokens) >= have + self.min_shared for s in self.slots)
 
     def _wake(self) -> None:
         for f in self._waiters:
@@ -162,6 +180,8 @@ class SlotTable:
             lease.table = self
             # The lock is free (checked by _pick in this same step), so this does not suspend.
             await slot.lock.acquire()
+            if relabel:  # from now on, also while a displaced state is saved first: waiters see what is coming
+                slot.inflight = list(tokens or ())
             try:
                 if guard is not None:
                     guard(slot)
@@ -170,6 +190,7 @@ class SlotTable:
                     await self.evict(lease, strict=True)
             except SaveFailed:
                 # Never reuse a slot without its state: it keeps its label and stays dirty; try another one.
+                slot.inflight = []
                 self._release(slot)
                 if slot_id is not None:
                     raise Unavailable(f"slot {slot_id}: saving its state {slot.key} failed; try again") from None
@@ -198,6 +219,7 @@ class SlotTable:
 
     def _finish(self, lease: Lease) -> None:
         slot = lease.slot
+        slot.inflight = []
         pending = [t for t in lease._tasks if not t.done()]
         if pending:
             # A cancelled handler left a save/restore running: keep the slot locked until it ends.

@@ -280,3 +280,50 @@ def test_one_rule_for_who_sees_a_slot():
         assert seen[unnamed.id] == {"id": unnamed.id, "busy": False, "other_namespace": True}
         assert seen[empty.id]["name"] is None and "other_namespace" not in seen[empty.id]
     assert t.as_list(None) == [s.as_dict() for s in t.slots]
+
+
+def test_a_prefix_under_way_is_waited_for_not_evaluated_twice_at_once():
+    """Two questions about one article in flight, nothing stored: the second waits for the slot evaluating the
+    article (its content then serves in place) instead of evaluating the article again in the idle slot. A prompt
+    that shares less than a block more, or another namespace's request, does not wait."""
+    article = list(range(1000, 1100))
+
+    async def go():
+        t, _, _ = make(2)
+        q1, q2, other = article + [1, 2, 3], article + [4, 5, 6], list(range(5000, 5100))
+        first_done = asyncio.Event()
+        order: list = []
+
+        async def first():
+            async with t.acquire(tokens=q1, namespace="n") as l:
+                assert l.slot.inflight == q1
+                order.append(("first", l.slot.id))
+                await asyncio.sleep(0.05)
+                t.evaluated(l.slot, q1 + [7])
+            first_done.set()
+
+        async def second():
+            await asyncio.sleep(0.01)
+            async with t.acquire(tokens=q2, namespace="n", better_than=0) as l:
+                assert first_done.is_set(), "took the idle slot while the article was under way"
+                order.append(("second", l.slot.id, l.lcp))
+
+        async def unrelated():  # shares nothing: takes the idle slot at once
+            await asyncio.sleep(0.01)
+            async with t.acquire(tokens=other, namespace="n") as l:
+                assert not first_done.is_set()
+                order.append(("unrelated", l.slot.id))
+                await asyncio.sleep(0.1)
+
+        await asyncio.gather(first(), second(), unrelated())
+        assert order[0] == ("first", 0) and ("unrelated", 1) in order
+        assert ("second", 0, len(article)) in order  # in place on the article's slot
+        assert all(not s.inflight for s in t.slots)
+
+        # A store that already covers the article (better_than), or another namespace under way: no wait.
+        for kw in (dict(namespace="n", better_than=len(article)), dict(namespace="m", better_than=0)):
+            t2, _, _ = make(2)
+            async with t2.acquire(tokens=q1, namespace="n"):
+                async with t2.acquire(tokens=q2, **kw) as l:
+                    assert l.slot.id == 1, kw
+    run(go())
