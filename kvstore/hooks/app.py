@@ -143,7 +143,8 @@ class Hooks:
                             swa_cells=self.cfg.swa_cells, cost=CostModel(self.cfg.assume_prefill_tps, self.cfg.restore_policy))
         table = SlotTable(n_slots, save=transfer.save, max_queue=self.cfg.max_queue,
                           erase=lambda s: up.slot_action(s.id, "erase"),
-                          extension_only=lambda: cut.extension_only(transfer.fingerprint, transfer.layout))
+                          extension_only=lambda: cut.extension_only(transfer.fingerprint, transfer.layout),
+                          forks_served=lambda: cut.forks_served(transfer.fingerprint, transfer.layout))
         broker = Broker(up, store, transfer, table, self.metrics)
         bound = Bound(store, self.metrics, max_bytes=self.cfg.max_size, low_water=self.cfg.low_water,
                       default_ttl=self.cfg.default_ttl, quotas=self.cfg.tenancy.quotas(),

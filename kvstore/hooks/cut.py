@@ -58,6 +58,12 @@ def extension_only(fingerprint: Mapping[str, str], layout: Optional[str]) -> boo
     return int(fingerprint.get("n_swa") or 0) > 0 or "rec[" in (layout or "")
 
 
+def forks_served(fingerprint: Mapping[str, str], layout: Optional[str]) -> bool:
+    """Can a stored or resident state serve a prompt that leaves it before its end? In place on a full-attention
+    model, cut at the fork on an SWA one (`applies`); never with a recurrent section."""
+    return not extension_only(fingerprint, layout) or applies(fingerprint, layout)
+
+
 def best(candidates: Sequence[Candidate], min_tokens: int) -> Optional[Candidate]:
     """The candidate with the longest common prefix (at least `min_tokens`), preferring KINDS' order on ties."""
     usable = [c for c in candidates if c.n_common >= max(1, min_tokens)]

@@ -30,11 +30,15 @@ class SlotTable:
     def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[object]],
                  erase: Optional[Callable[[Slot], Awaitable[Any]]] = None, max_queue: int = 64,
                  clock: Callable[[], float] = time.monotonic,
-                 extension_only: Callable[[], bool] = lambda: False, min_shared: int = 32):
+                 extension_only: Callable[[], bool] = lambda: False, min_shared: int = 32,
+                 forks_served: Callable[[], bool] = lambda: True):
         self.slots = [Slot(i) for i in range(n_slots)]
         # Tokens (one store block) a request under way must share with a waiting prompt beyond what an idle slot or
         # the store offers, for the waiting request to wait for it rather than evaluate that prefix again at once.
         self.min_shared = min_shared
+        # Can a state serve a prompt that forks inside it, in place or cut at the fork (hooks/cut.py)? Not a
+        # recurrent or hybrid one: waiting for a request under way then pays only if the prompt extends all of it.
+        self.forks_served = forks_served
         # True when llama-server can use a slot's content in place only if the prompt extends all of it (an SWA
         # cache, a recurrent state: cut.extension_only); asked at each pick, since the layout is learned late.
         self.extension_only = extension_only
@@ -137,9 +141,11 @@ class SlotTable:
         questions about one article in flight, none of it stored yet): once it is done, its slot (similar content,
         in place) or its saved state serves this request. Requests with a state of their own to restore pass a
         `better_than` no prefix reaches, and never wait here; other namespaces' requests are never waited for
-        (their prompts must not shape this one's timing)."""
+        (their prompts must not shape this one's timing). Where a fork inside a state cannot be served (recurrent,
+        hybrid: `forks_served`), only a prompt that extends the whole request under way waits for it."""
         have = max([better_than] + [common_prefix(s.tokens, tokens) for s in same_ns])
-        return any(s.busy and s.owner == namespace and s.inflight
+        forks = self.forks_served()
+        return any(s.busy and s.owner == namespace and s.inflight and (forks or extends(s.inflight, tokens))
                    and common_prefix(s.inflight, tokens) >= have + self.min_shared for s in self.slots)
 
     def _wake(self) -> None:

@@ -320,6 +320,16 @@ def test_a_prefix_under_way_is_waited_for_not_evaluated_twice_at_once():
         assert ("second", 0, len(article)) in order  # in place on the article's slot
         assert all(not s.inflight for s in t.slots)
 
+        # A recurrent model (no fork served): only a prompt extending the whole request under way waits for it.
+        t3 = SlotTable(2, save=lambda s: asyncio.sleep(0), forks_served=lambda: False)
+        async with t3.acquire(tokens=q1, namespace="n"):
+            async with t3.acquire(tokens=q2, namespace="n") as l:
+                assert l.slot.id == 1  # q2 leaves q1 at the question: nothing to wait for
+            waited = asyncio.ensure_future(t3.acquire(tokens=q1 + [9] * 40, namespace="n").__aenter__())
+            await asyncio.sleep(0.01)
+            assert not waited.done(), "a prompt extending the request under way waits for it"
+            waited.cancel()
+
         # A store that already covers the article (better_than), or another namespace under way: no wait.
         for kw in (dict(namespace="n", better_than=len(article)), dict(namespace="m", better_than=0)):
             t2, _, _ = make(2)
