@@ -29,7 +29,7 @@ from .naming import Naming
 from .slot import Lease, Slot, common_prefix, extends
 from .slots import SlotTable
 from .store import AsyncStore
-from .transfer import Transfer
+from .transfer import Prefetch, Transfer
 from .upstream import Upstream
 
 log = logging.getLogger("kvstore.hooks")
@@ -161,7 +161,7 @@ class Broker:
         return Ask(tokens, hint, better, True)
 
     async def prepare(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, hint: Optional[dict],
-                      looked_up: bool = False) -> tuple[str, int]:
+                      looked_up: bool = False, prefetched: Optional[Prefetch] = None) -> tuple[str, int]:
         """Bring the best stored state into the leased slot. Returns (X-KV-Cache kind, tokens restored)."""
         if lease.resident:
             return "slot", 0
@@ -178,7 +178,7 @@ class Broker:
                 with contextlib.suppress(NotStored):
                     if not await self._worth_name(lease, ns, naming.name):
                         return self._recomputed(lease)
-                    r = await self.transfer.restore(lease, ns, name=naming.name)
+                    r = await self.transfer.restore(lease, ns, name=naming.name, prefetched=prefetched)
                     return "restored", int(r.get("n_restored") or 0)
             if naming.parent:
                 with contextlib.suppress(NotStored):
@@ -285,15 +285,32 @@ class Broker:
         parent = naming.parent_key
         if parent is not None and naming.name is not None and await self.stored(naming.namespace, naming.name):
             parent = None
-        async with self.table.acquire(key=naming.key, parent=parent, tokens=ask.tokens, namespace=naming.namespace,
-                                      better_than=ask.better_than, fork=ask.fork) as lease:
-            try:
-                kind, n_restored = await self.prepare(lease, naming, tokens_fn, ask.hint, ask.looked_up)
-                self.metrics.kind(kind)
-                yield lease, kind, n_restored
-            except UpstreamError:  # timed out or lost on the way: what the slot holds now is unknown
-                self.table.lost(lease.slot)
-                raise
+        prefetched = await self._prefetch(naming)
+        try:
+            async with self.table.acquire(key=naming.key, parent=parent, tokens=ask.tokens,
+                                          namespace=naming.namespace, better_than=ask.better_than,
+                                          fork=ask.fork) as lease:
+                try:
+                    kind, n_restored = await self.prepare(lease, naming, tokens_fn, ask.hint, ask.looked_up,
+                                                          prefetched)
+                    self.metrics.kind(kind)
+                    yield lease, kind, n_restored
+                except UpstreamError:  # timed out or lost on the way: what the slot holds now is unknown
+                    self.table.lost(lease.slot)
+                    raise
+        finally:
+            if prefetched is not None:
+                prefetched.close()
+
+    async def _prefetch(self, naming: Naming) -> Optional[Prefetch]:
+        """Overlap the wait: a request whose stored name is not resident, about to wait for a slot (every slot
+        busy), has its state materialized meanwhile, so that only llama-server's load is left once a slot frees.
+        Not where the restore may be cut (SWA) or be the parent's instead (recurrent): whole restores only."""
+        if (naming.name is None or not self.table.all_busy or self.table.resident(naming.key) is not None
+                or cut.extension_only(self.transfer.fingerprint, self.transfer.layout)
+                or not await self.stored(naming.namespace, naming.name)):
+            return None
+        return self.transfer.prefetch(naming.namespace, naming.name)
 
     # ---- the state and slot API --------------------------------------------------------------------------------
     async def prime(self, naming: Naming, prompt: object) -> dict:

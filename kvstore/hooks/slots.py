@@ -64,6 +64,11 @@ class SlotTable:
                 return s
         return None
 
+    @property
+    def all_busy(self) -> bool:
+        """Would a request wait for a slot now?"""
+        return all(s.busy for s in self.slots)
+
     def best_idle_lcp(self, tokens: Optional[Sequence[int]]) -> int:
         """The longest prefix of `tokens` held by an idle slot whose content is free to reuse."""
         if not tokens:

@@ -8,9 +8,14 @@ server's slot count, llama-server loads it. Both run under the caller's slot lea
 
 The server's cache layout (types, flash attention, rotation) is not in `/props`: it is learned from the first
 non-empty save and from then on required of every state restored or ingested (`expect()`).
+
+`prefetch(namespace, name)` materializes a named state ahead, while its request waits for a slot: a `restore`
+given that `Prefetch` loads its file instead of materializing, if it still holds the name's current manifest (a
+newer save meanwhile: materialized again); `Prefetch.close()` removes an unused file once its materialize ends.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -33,6 +38,34 @@ def layout_is_empty(layout: str) -> bool:
     """Does this layout describe an empty slot (no KV layers), which says nothing about the server's layout?
     The rule is the core's (`_core.layout_is_empty`); this name keeps the hooks' callers and tests short."""
     return _core.layout_is_empty(layout)
+
+
+class Prefetch:
+    """A named state being materialized into a sync-dir file of its own ahead of its restore."""
+
+    def __init__(self, transfer: "Transfer", namespace: str, name: str):
+        self.namespace, self.name = namespace, name
+        self._files = contextlib.ExitStack()
+        self.filename, self.path = self._files.enter_context(transfer.sync.temp())
+        self.task = asyncio.ensure_future(transfer.store.materialize(
+            name, str(self.path), namespace=namespace, expect=transfer.expect(), n_stream=transfer.n_slots))
+
+    async def report(self) -> Optional[dict]:
+        """The materialize report once written; None if it failed (the restore then materializes itself)."""
+        try:
+            return await asyncio.shield(self.task)
+        except Exception as e:  # noqa: BLE001 - logged; the restore path reports its own failure
+            log.info("prefetch of %s/%s failed: %s", self.namespace, self.name, e)
+            return None
+
+    def close(self) -> None:
+        """Remove the file, now or when the materialize still writing it ends (its thread cannot be stopped)."""
+        if self.task.done():
+            if not self.task.cancelled():
+                self.task.exception()  # retrieved: a failed prefetch was only an optimisation
+            self._files.close()
+        else:
+            self.task.add_done_callback(lambda t: (t.cancelled() or t.exception(), self._files.close()))
 
 
 class Transfer:
@@ -100,11 +133,16 @@ class Transfer:
             self.layout = layout
             log.info("hooks: llama-server's cache layout is %s", self.layout)
 
+    def prefetch(self, namespace: str, name: str) -> Prefetch:
+        """Start materializing the named state now (its request is about to wait for a slot)."""
+        return Prefetch(self, namespace, name)
+
     async def restore(self, lease: Lease, namespace: str, *, name: Optional[str] = None,
-                      manifest_id: Optional[str] = None) -> dict:
+                      manifest_id: Optional[str] = None, prefetched: Optional[Prefetch] = None) -> dict:
         """Materialize a stored state and restore it into the leased slot (shielded from cancellation).
-        Returns llama-server's reply plus `kvstore` (the materialize report)."""
-        r = await lease.shielded(self._restore(lease, namespace, name, manifest_id))
+        Returns llama-server's reply plus `kvstore` (the materialize report). `prefetched`: the name's state
+        materialized ahead (used if it is still the name's current state)."""
+        r = await lease.shielded(self._restore(lease, namespace, name, manifest_id, prefetched=prefetched))
         assert r is not None  # only a cut can be unavailable
         return r
 
@@ -114,13 +152,34 @@ class Transfer:
         cut cannot be emitted (counted as prefix_unavailable); else as `restore`."""
         return await lease.shielded(self._restore(lease, namespace, name, manifest_id, n_tokens))
 
+    async def _prefetched(self, namespace: str, name: Optional[str], prefetched: Optional[Prefetch]
+                          ) -> Optional[tuple[str, dict]]:
+        """(filename, report) of a prefetch of this very name that holds its current manifest, else None."""
+        if prefetched is None or name is None or (prefetched.namespace, prefetched.name) != (namespace, name):
+            return None
+        info = await prefetched.report()
+        if info is None:
+            return None
+        try:
+            now = await self.store.get(name, namespace=namespace)
+        except (KvStoreError, OSError):
+            return None
+        if not now or now.get("manifest_id") != info.get("manifest_id"):
+            log.info("prefetch of %s/%s is stale (saved again meanwhile): materializing again", namespace, name)
+            return None
+        self.metrics.inc("restores_prefetched")
+        return prefetched.filename, info
+
     async def _restore(self, lease: Lease, namespace: str, name: Optional[str], manifest_id: Optional[str],
-                       cut: Optional[int] = None) -> Optional[dict]:
+                       cut: Optional[int] = None, prefetched: Optional[Prefetch] = None) -> Optional[dict]:
         what = name or manifest_id
         t0 = time.perf_counter()
         with self.sync.temp() as (fn, path):
+            ahead = await self._prefetched(namespace, name, prefetched) if cut is None else None
             try:
-                if cut is not None:
+                if ahead is not None:
+                    fn, info = ahead
+                elif cut is not None:
                     info = await self.store.materialize_prefix(name, cut, str(path), namespace=namespace,
                                                                manifest_id=None if name else manifest_id,
                                                                expect=self.expect(), n_stream=self.n_slots,
@@ -153,7 +212,8 @@ class Transfer:
         n = int(r.get("n_restored") or 0)
         seconds = time.perf_counter() - t0
         self.metrics.timed("restore", seconds)
-        self.cost.restored(n, int(info.get("file_bytes") or 0), seconds)
+        if ahead is None:  # a prefetched restore's time leaves out its materialize: not what a restore costs
+            self.cost.restored(n, int(info.get("file_bytes") or 0), seconds)
         self.metrics.inc("tokens_restored", n)
         r["kvstore"] = info
         return r

@@ -222,3 +222,35 @@ def test_state_api_not_found_and_failed_raw_restore(tmp_path, states):
     with pytest.raises(BadRequest, match="restore of 'kept' failed"):
         asyncio.run(broker.restore_raw(1, Caller(""), "kept"))
     assert asyncio.run(broker.info("", "kept"))["resident_slot"] == 1
+
+
+def test_a_waiting_request_has_its_state_materialized_meanwhile(tmp_path, states):
+    """Overlap the wait: every slot busy, a returning user's state is materialized while it waits; once a slot
+    frees only the load is left (the prefetched file is what llama-server loads). A state saved again meanwhile is
+    materialized again, never restored stale; no file stays in the sync dir."""
+    broker, up, core = make(tmp_path, states, names=["alice", "bob"], n_slots=1, saves=None)
+    sync = broker.transfer.sync.path
+
+    async def go(resave: bool):
+        busy = broker.table.acquire(key=("", "other"))
+        await busy.__aenter__()
+        waiting = asyncio.ensure_future(hold(broker, Naming("", "alice" if not resave else "bob")))
+        for _ in range(200):  # the prefetch's materialize, in a worker thread, while the request waits
+            await asyncio.sleep(0.01)
+            if [p for p in sync.iterdir()] and not waiting.done():
+                break
+        files = list(sync.iterdir())
+        assert len(files) == 1 and not waiting.done(), files
+        assert tokens_of(files[0]) == tokens_of(states["parent"])  # alice's state, whole, before any slot freed
+        if resave:
+            core.ingest("bob", str(states["child"]), fingerprint=FP)  # a newer state of the name meanwhile
+        await busy.__aexit__(None, None, None)
+        return await waiting
+
+    slot, kind, n = asyncio.run(go(False))
+    assert kind == "restored" and up.restored[-1] == tokens_of(states["parent"])
+    assert broker.metrics.snapshot()["restores_prefetched"] == 1
+    slot, kind, n = asyncio.run(go(True))
+    assert kind == "restored" and up.restored[-1] == tokens_of(states["child"]), "restored the stale prefetch"
+    assert broker.metrics.snapshot()["restores_prefetched"] == 1
+    assert list(sync.iterdir()) == []
