@@ -2,6 +2,7 @@
 
 Checked against the compiled module by mypy's stubtest (tests/test_stub.py): keep the two in step.
 """
+import builtins
 from typing import Any, Callable, Mapping, Optional, Sequence, final
 
 __all__ = [
@@ -161,6 +162,9 @@ class Store:
         {plan: {used_bytes, garbage_bytes, after_bytes, max_bytes, target_bytes, pinned_bytes, victims: [{namespace,
         name, reason, frees_bytes, last_used}], unmet, namespaces: [...]}, evicted, freed_bytes, dead_objects,
         dry_run}. A dry run only plans; otherwise under the store's exclusive lock, then a sweep."""
+    def owned_bytes(self) -> builtins.list[tuple[str, str, int]]:
+        """[(namespace, name, bytes)]: the stored bytes of each name's objects that no other name references, what
+        evicting it now would free (counted as the cap counts them)."""
     def set_retention(self, name: str, namespace: str = ..., *, ttl_seconds: Optional[float] = None,
                       pinned: bool = False, max_bytes: Optional[int] = None) -> None:
         """Set a name's ttl (seconds after its last use; None: never) and pin. With `max_bytes`, a pin that would

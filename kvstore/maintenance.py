@@ -50,17 +50,23 @@ def cmd_stats(args) -> int:
 
 
 def cmd_ls(args) -> int:
-    items = _store(args).list(namespace=args.namespace)
+    store = _store(args)
+    items = store.list(namespace=args.namespace)
     items = sorted(items, key=lambda e: (e.get("namespace", ""), e.get("name", "")))
+    # What each name alone holds (what evicting it would free): the bounded store's view of it.
+    alone = {(ns, name): n for ns, name, n in store.owned_bytes()}
+    for e in items:
+        e["owned_bytes"] = alone.get((e.get("namespace", ""), e.get("name", "")), 0)
 
     def text():
         if not items:
             return "(no states stored)"
         rows = [[e.get("namespace") or "-", e.get("name", ""), str(e.get("n_tokens", "")), mib(e.get("file_bytes")),
-                 (e.get("parent") or "-")[:12], when(e.get("last_used")),
+                 mib(e.get("owned_bytes")), (e.get("parent") or "-")[:12], when(e.get("last_used")),
                  "pinned" if e.get("pinned") else (when(e.get("expires")) if e.get("expires") else "-")]
                 for e in items]
-        return table(rows, ["NAMESPACE", "NAME", "TOKENS", "SIZE", "PARENT", "LAST USED", "EXPIRES"], right=(2, 3))
+        return table(rows, ["NAMESPACE", "NAME", "TOKENS", "SIZE", "ALONE", "PARENT", "LAST USED", "EXPIRES"],
+                     right=(2, 3, 4))
 
     emit(args, items, text)
     return 0

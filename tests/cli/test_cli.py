@@ -35,15 +35,20 @@ def test_ingest_ls_stats_materialize_rm_gc_verify(state_files, tmp_path):
     assert rep["n_tokens"] > 300 and rep["reused_bytes"] > 0 and rep["parent_manifest"]
 
     r = kv("--store", s, "ls", check_rc=0)
-    assert "article" in r.stdout and "q1" in r.stdout and "TOKENS" in r.stdout
+    assert "article" in r.stdout and "q1" in r.stdout and "TOKENS" in r.stdout and "ALONE" in r.stdout
     r = kv("--store", s, "--json", "ls", "--namespace", "t", check_rc=0)
     items = json.loads(r.stdout)
     assert [i["name"] for i in items] == ["article", "q1"]
+    # What each alone holds (what evicting it would free): the question shares the article's blocks, so each owns
+    # only what the other does not reference, and together they own less than the store holds.
+    owned = {i["name"]: i["owned_bytes"] for i in items}
+    assert owned["article"] > 0 and owned["q1"] > 0, owned
     assert kv("--store", s, "--json", "ls", "--namespace", "", check_rc=0).stdout.strip() == "[]"
 
     r = kv("--store", s, "stats", "--json", check_rc=0)  # --json also after the command
     st = json.loads(r.stdout)
     assert st["names"] == 2 and st["stored_bytes"] > 0 and st["dedup_ratio"] > 1.0
+    assert sum(owned.values()) < st["stored_bytes"], (owned, st["stored_bytes"])
     r = kv("--store", s, "stats", check_rc=0)
     assert "MiB" in r.stdout and "dedup ratio" in r.stdout
 

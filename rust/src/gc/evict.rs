@@ -15,7 +15,8 @@
 //! own once its children are gone. `evict` takes the catalog's gc lock (no save between its plan and its
 //! sweep), syncs, plans, forgets each victim where names live and in the index, then sweeps (gc's sweep,
 //! no grace: the lock excludes saves). A kill at any point leaves kept names whole (objects go only after
-//! the names are forgotten, and only those no kept name marks); a re-run finishes.
+//! the names are forgotten, and only those no kept name marks); a re-run finishes. `owned_bytes` reports each
+//! kept name's owned bytes as the plan counts them (`kvstore ls`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -385,6 +386,14 @@ pub fn evict(store: &Store, limits: &Limits, dry_run: bool) -> Result<EvictRepor
     let gc_plan = plan::plan_at(store, Duration::ZERO, lock.now)?;
     let swept = execute::sweep(store, gc_plan, lock, false)?;
     Ok(EvictReport { plan, evicted, freed_bytes: swept.freed_bytes, dead_objects: swept.dead_objects, dry_run: false })
+}
+
+/// What each kept name alone holds: the stored bytes of its objects no other kept name references (what evicting
+/// it now would free), counted as the cap counts them: (namespace, name, bytes), in (namespace, name) order.
+pub fn owned_bytes(store: &Store) -> Result<Vec<(String, String, u64)>> {
+    store.catalog().sync(None)?;
+    let (c, _) = Counts::of(store, &HashSet::new(), now_f64())?;
+    Ok(c.held.iter().map(|h| (c.namespaces[h.ns].clone(), h.name.clone(), h.owned)).collect())
 }
 
 /// Refuse a pin that would put the pinned names' bytes over `max_bytes`, counted as the cap counts them.

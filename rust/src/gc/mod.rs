@@ -24,7 +24,7 @@ mod evict;
 mod execute;
 mod plan;
 
-pub use evict::{check_pin, evict, plan_eviction, EvictPlan, EvictReport, Limits, NamespaceUse, Reason, Victim};
+pub use evict::{check_pin, evict, owned_bytes, plan_eviction, EvictPlan, EvictReport, Limits, NamespaceUse, Reason, Victim};
 pub use execute::execute;
 pub use plan::{plan, GcPlan};
 

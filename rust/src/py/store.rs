@@ -262,6 +262,13 @@ impl PyStore {
         dict(py, &r)
     }
 
+    /// What each name alone holds: [(namespace, name, stored bytes no other name references)] (see
+    /// `gc::owned_bytes`): what its eviction would free now.
+    fn owned_bytes(&self, py: Python<'_>) -> PyResult<Vec<(String, String, u64)>> {
+        let s = &self.inner;
+        Ok(py.detach(|| crate::gc::owned_bytes(s))?)
+    }
+
     /// Set a name's retention: `ttl_seconds` after its last use it expires (None: never); `pinned`: never
     /// evicted or expired. With `max_bytes`, a pin that would put the pinned bytes over it is refused
     /// (StoreFullError) and changes nothing.
