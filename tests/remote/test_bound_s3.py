@@ -11,7 +11,8 @@ import time
 import pytest
 
 from conftest import S3_BUCKET
-from hooks_support import QUESTIONS, complete, engine, get, intro, metric, post, stack, turn_prompt
+from hooks_support import (QUESTIONS, complete, engine, get, intro, kept_slot_continuation, metric, post, stack,
+                           turn_prompt)
 from s3_nodes import Node
 from test_s3_servers import verify_bucket
 
@@ -128,6 +129,11 @@ def test_a_cap_on_a_shared_bucket_holds_for_two_servers(capped, seaweed, tmp_pat
 
     plain = engine("smollm2", None)
     with stack(plain):
-        for n, p in follow.items():
-            want = complete(plain.url, p, n_predict=N_PREDICT).json["content"]
+        for n in last:  # restored: as a plain server that kept the conversation in its slot continues it
+            i = int(n[4:])
+            want = kept_slot_continuation(plain.url, conversation(i), replies[n][1].json["content"], follow[n],
+                                          N_PREDICT)
             assert cont[n].json["content"] == want, (n, cont[n].json["content"], want)
+        # evicted, so evaluated in full: as a plain server evaluates the whole prompt in a fresh slot
+        want = complete(plain.url, follow["conv0"], n_predict=N_PREDICT, id_slot=1, cache_prompt=False)
+        assert cont["conv0"].json["content"] == want.json["content"], (cont["conv0"].json["content"], want.json)
