@@ -28,9 +28,11 @@ class Slot:
     # The namespace whose KV cells the slot holds (None: empty as far as we know). Kept apart from the label: a
     # slot whose name was removed still holds its tenant's cells, and is erased before another namespace uses it.
     owner: Optional[str] = None
-    # The prompt's tokens of the request under way in the slot (empty when idle or not tokenized): what a waiting
-    # request may share with it before it is evaluated (SlotTable: no prefix evaluated twice at once).
+    # The prompt's tokens of the request under way in the slot (empty when idle or not tokenized) and its namespace
+    # (set at once, before `owner`, which changes only after a displaced state is saved): what a waiting request of
+    # the same namespace may share with it before it is evaluated (SlotTable: no prefix evaluated twice at once).
     inflight: list[int] = field(default_factory=list)
+    inflight_namespace: Optional[str] = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property

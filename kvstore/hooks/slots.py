@@ -150,7 +150,7 @@ class SlotTable:
         hybrid: `forks_served`), only a prompt that extends the whole request under way waits for it."""
         have = max([better_than] + [common_prefix(s.tokens, tokens) for s in same_ns])
         forks = self.forks_served()
-        return any(s.busy and s.owner == namespace and s.inflight and (forks or extends(s.inflight, tokens))
+        return any(s.busy and s.inflight_namespace == namespace and s.inflight and (forks or extends(s.inflight, tokens))
                    and common_prefix(s.inflight, tokens) >= have + self.min_shared for s in self.slots)
 
     def _wake(self) -> None:
@@ -192,7 +192,7 @@ class SlotTable:
             # The lock is free (checked by _pick in this same step), so this does not suspend.
             await slot.lock.acquire()
             if relabel:  # from now on, also while a displaced state is saved first: waiters see what is coming
-                slot.inflight = list(tokens or ())
+                slot.inflight, slot.inflight_namespace = list(tokens or ()), namespace
             try:
                 if guard is not None:
                     guard(slot)
@@ -201,7 +201,7 @@ class SlotTable:
                     await self.evict(lease, strict=True)
             except SaveFailed:
                 # Never reuse a slot without its state: it keeps its label and stays dirty; try another one.
-                slot.inflight = []
+                slot.inflight, slot.inflight_namespace = [], None
                 self._release(slot)
                 if slot_id is not None:
                     raise Unavailable(f"slot {slot_id}: saving its state {slot.key} failed; try again") from None
@@ -230,7 +230,7 @@ class SlotTable:
 
     def _finish(self, lease: Lease) -> None:
         slot = lease.slot
-        slot.inflight = []
+        slot.inflight, slot.inflight_namespace = [], None
         pending = [t for t in lease._tasks if not t.done()]
         if pending:
             # A cancelled handler left a save/restore running: keep the slot locked until it ends.

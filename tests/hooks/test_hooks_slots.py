@@ -337,3 +337,33 @@ def test_a_prefix_under_way_is_waited_for_not_evaluated_twice_at_once():
                 async with t2.acquire(tokens=q2, **kw) as l:
                     assert l.slot.id == 1, kw
     run(go())
+
+
+def test_a_request_under_way_is_seen_only_by_its_own_namespace_even_while_its_slot_is_saved():
+    """The slot of another namespace's state is taken by tenant b, whose prompt is under way there while a's dirty
+    state is still being saved (the slot's owner is still a): a's request with the same prefix never waits on it
+    (its timing would tell a what b is evaluating)."""
+    article = list(range(1000, 1100))
+
+    async def go():
+        gate = asyncio.Event()
+
+        async def slow_save(slot):
+            await gate.wait()
+
+        t = SlotTable(1, save=slow_save)
+        async with t.acquire(key=("a", "doc"), tokens=[7] * 40, namespace="a") as l:
+            l.slot.dirty = True
+        cm = t.acquire(tokens=article + [1], namespace="b")
+        taking = asyncio.ensure_future(cm.__aenter__())
+        await asyncio.sleep(0.01)  # b holds the slot, a's state still saving: owner a, b's prompt under way
+        s = t.slots[0]
+        assert s.busy and s.owner == "a" and s.inflight_namespace == "b"
+        assert not t._shared_in_flight(article + [2], "a", [], 0)
+        assert t._shared_in_flight(article + [2], "b", [], 0)
+        gate.set()
+        lease = await taking
+        assert lease.slot.owner == "b"
+        await cm.__aexit__(None, None, None)
+        assert not s.busy and s.inflight == [] and s.inflight_namespace is None
+    run(go())
