@@ -21,6 +21,7 @@ from typing import AsyncIterator, Awaitable, Callable, Optional
 from kvstore.errors import NameNotFound
 
 from . import cut
+from .cost import Decision
 from .auth import Caller
 from .errors import (BadRequest, Forbidden, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply,
                      remote_unavailable)
@@ -211,7 +212,12 @@ class Broker:
 
     async def _worth_name(self, lease: Lease, namespace: str, name: str) -> bool:
         """`_worth` for a stored name, all of whose tokens the prompt is taken to extend (a returning user; the
-        prompt is not tokenized for it). Raises NotStored when the name is not stored."""
+        prompt is not tokenized for it). Raises NotStored when the name is not stored. The name's size is read only
+        when the model could refuse (on a bucket store a read may cost a round trip)."""
+        if not self.transfer.cost.can_refuse:
+            lease.decision = Decision(True, None, None)  # nothing weighed: the estimates are unknown or moot
+            self.metrics.inc(f"decisions_{lease.decision.word}")
+            return True
         try:
             info = await self.store.get(name, namespace=namespace)
         except Exception as e:  # noqa: BLE001 - unknown: let the restore decide (and fail as it does)

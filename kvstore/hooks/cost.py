@@ -127,6 +127,13 @@ class CostModel:
         bpt = self.bytes_per_token()
         return None if bpt is None else self.restore.predict(tokens * bpt)
 
+    @property
+    def can_refuse(self) -> bool:
+        """Could `decide` choose recompute now (policy "cost", both sides measured)? When not, a caller may skip
+        what it would read only to size the decision."""
+        return self.policy == "cost" and len(self.restore) > 0 and (
+            self.assume_prefill_tps is not None or len(self.prefill) > 0)
+
     def decide(self, restore_tokens: int, saved_tokens: int) -> Decision:
         """Restore a state of `restore_tokens` tokens, sparing the evaluation of `saved_tokens`? Restore unless
         both sides are measured and the restore is predicted slower."""
