@@ -235,11 +235,12 @@ def test_a_waiting_request_has_its_state_materialized_meanwhile(tmp_path, states
         busy = broker.table.acquire(key=("", "other"))
         await busy.__aenter__()
         waiting = asyncio.ensure_future(hold(broker, Naming("", "alice" if not resave else "bob")))
-        for _ in range(200):  # the prefetch's materialize, in a worker thread, while the request waits
+        written = lambda: [p for p in sync.iterdir() if not p.name.endswith(".tmp")]  # noqa: E731 (renamed in)
+        for _ in range(500):  # the prefetch's materialize, in a worker thread, while the request waits
             await asyncio.sleep(0.01)
-            if [p for p in sync.iterdir()] and not waiting.done():
+            if written() and not waiting.done():
                 break
-        files = list(sync.iterdir())
+        files = written()
         assert len(files) == 1 and not waiting.done(), files
         assert tokens_of(files[0]) == tokens_of(states["parent"])  # alice's state, whole, before any slot freed
         if resave:
