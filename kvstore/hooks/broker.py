@@ -65,13 +65,15 @@ class Once:
 class Ask:
     """What `Broker.plan` asks the slot table for: the prompt's tokens (None: not tokenized), the stored-prefix
     hit, the fewest shared tokens for a similar slot in place, whether the store was looked up, and whether to
-    take an idle slot when the name is busy in another."""
+    take an idle slot when the name is busy in another; whether the name is stored (None: not looked at, since it
+    was resident), read once here for `hold` as well."""
 
     tokens: Optional[list[int]] = None
     hint: Optional[dict] = None
     better_than: int = 0
     looked_up: bool = False
     fork: bool = False
+    own_stored: Optional[bool] = None
 
 
 class Broker:
@@ -136,10 +138,11 @@ class Broker:
                 return Ask()
         else:
             resident = self.table.resident(naming.key)
-            if (resident is not None or await self.stored(ns, naming.name)
+            own_stored = None if resident is not None else await self.stored(ns, naming.name)
+            if (resident is not None or own_stored
                     or (naming.parent is not None and (self.table.resident(naming.parent_key) is not None
                                                        or await self.stored(ns, naming.parent)))):
-                ask = Ask()
+                ask = Ask(own_stored=own_stored)
                 if resident is not None and resident.busy or cut.extension_only(self.transfer.fingerprint,
                                                                                  self.transfer.layout):
                     # tokens for `usable`; never a similar slot in place of its own state (better_than)
@@ -159,7 +162,7 @@ class Broker:
         hint = await self.lookup(ns, tokens)
         stored = int(hint["n_common"]) if hint else 0
         better = stored if naming.name is None else max(stored + 1, self.block_size)
-        return Ask(tokens, hint, better, True)
+        return Ask(tokens, hint, better, True, own_stored=False if naming.name is not None else None)
 
     async def prepare(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, hint: Optional[dict],
                       looked_up: bool = False, prefetched: Optional[Prefetch] = None) -> tuple[str, int]:
@@ -289,9 +292,12 @@ class Broker:
         ask = await self.plan(naming, tokens_fn) if plan else Ask()
         # A stored state of the request's own name beats its parent resident in a slot: it holds more tokens.
         parent = naming.parent_key
-        if parent is not None and naming.name is not None and await self.stored(naming.namespace, naming.name):
+        own_stored = ask.own_stored
+        if own_stored is None and naming.name is not None and (parent is not None or self.table.all_busy):
+            own_stored = await self.stored(naming.namespace, naming.name)  # resident at the plan, or not planned
+        if parent is not None and own_stored:
             parent = None
-        prefetched = await self._prefetch(naming)
+        prefetched = self._prefetch(naming) if own_stored else None
         try:
             async with self.table.acquire(key=naming.key, parent=parent, tokens=ask.tokens,
                                           namespace=naming.namespace, better_than=ask.better_than,
@@ -308,13 +314,13 @@ class Broker:
             if prefetched is not None:
                 prefetched.close()
 
-    async def _prefetch(self, naming: Naming) -> Optional[Prefetch]:
-        """Overlap the wait: a request whose stored name is not resident, about to wait for a slot (every slot
-        busy), has its state materialized meanwhile, so that only llama-server's load is left once a slot frees.
-        Not where the restore may be cut (SWA) or be the parent's instead (recurrent): whole restores only."""
+    def _prefetch(self, naming: Naming) -> Optional[Prefetch]:
+        """Overlap the wait: a request whose stored name (the caller checked) is not resident, about to wait for a
+        slot (every slot busy), has its state materialized meanwhile, so that only llama-server's load is left once a
+        slot frees. Not where the restore may be cut (SWA) or be the parent's instead (recurrent): whole restores
+        only."""
         if (naming.name is None or not self.table.all_busy or self.table.resident(naming.key) is not None
-                or cut.extension_only(self.transfer.fingerprint, self.transfer.layout)
-                or not await self.stored(naming.namespace, naming.name)):
+                or cut.extension_only(self.transfer.fingerprint, self.transfer.layout)):
             return None
         return self.transfer.prefetch(naming.namespace, naming.name)
 
