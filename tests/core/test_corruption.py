@@ -89,3 +89,30 @@ def test_corrupt_object_is_repaired_by_the_next_ingest_of_the_same_content(store
     store.materialize("a", str(tmp_path / "y.bin"))
     assert (tmp_path / "y.bin").read_bytes() == src.read_bytes()
     assert not store.verify()["corrupt"] and not store.verify()["missing"]
+
+
+def test_object_that_decodes_to_other_bytes_is_found_by_the_file_hash(store, state_files, tmp_path):
+    """A local materialize verifies a state by its file hash rather than hashing every object as well; an object
+    that still decodes, but to other bytes (here the file of another block of the same raw length in its place), makes
+    that hash fail, and the objects are then read again hashed: the bad one is quarantined and named."""
+    src = state_files["smollm2_child"]
+    store.ingest("a", str(src))
+    d = Path(store.path)
+    blocks = manifests_by_name(d)["a"]["blocks"]
+    by_size: dict = {}
+    for b in dict.fromkeys(blocks):
+        raw_len = object_path(d, b).read_bytes()[8:16]  # the KVOB header's raw length
+        by_size.setdefault(raw_len, []).append(b)
+    victim, other = next(v for v in by_size.values() if len(v) >= 2)[:2]
+    p = object_path(d, victim)
+    os.chmod(p, 0o644)
+    p.write_bytes(object_path(d, other).read_bytes())
+    out = tmp_path / "a.bin"
+    with pytest.raises(CorruptObject) as e:
+        store.materialize("a", str(out))
+    assert e.value.object_id == victim and "quarantine" in str(e.value)
+    assert not out.exists() and not [f for f in tmp_path.iterdir() if f.name.startswith(".")]
+    assert not p.exists() and any((d / "objects" / ".quarantine").iterdir())
+    store.ingest("a", str(src))  # the same content repairs it
+    store.materialize("a", str(out))
+    assert out.read_bytes() == src.read_bytes()

@@ -142,6 +142,10 @@ pub trait Backend: Send + Sync {
     }
     /// The bytes `get_into` just returned for `id` passed the hash check (a cache keeps them only then).
     fn verified(&self, _id: &ObjectId, _encoded: &[u8]) {}
+    /// Whether `verified` matters to this backend (it keeps what passed): then every read must be hashed.
+    fn keeps_verified(&self) -> bool {
+        false
+    }
     /// The cache and the primary copy, for a backend that keeps both; None: this backend is the only copy.
     fn layers(&self) -> Option<Layers> {
         None

@@ -2,8 +2,10 @@
 //! bytes, keyed per namespace: `crate::scope`) and reads them back verified in the scope the caller names.
 //!
 //! CONTRACT (docs/design.md "Objects"): an object is written once, atomically and durably, never rewritten;
-//! a put of present content only refreshes its mtime (gc's grace period protects it); every read re-hashes,
-//! and a corrupt object is moved aside (quarantine) so that saving the same state again repairs it. Objects
+//! a put of present content only refreshes its mtime (gc's grace period protects it); every read is verified,
+//! by re-hashing the object (`get`) or, for a byte-exact rebuild of a local store, by the whole file's hash
+//! that the caller checks (`get_for_file_hash`: on a mismatch it reads again with `get`); a corrupt object is
+//! moved aside (quarantine) so that saving the same state again repairs it. Objects
 //! know nothing of llama.cpp, LMDB or names, nor which backend holds them: a backend is a `Backend`, and
 //! what it reports is an `ObjectError` (one that could not reach its objects: `Unavailable`).
 //!
@@ -161,6 +163,24 @@ impl ObjectStore {
                 Err(ObjectError::Corrupt { id: *id, reason })
             }
         }
+    }
+
+    /// Read and decode without re-hashing, for a caller that checks the bytes another way: a byte-exact rebuild
+    /// checks the whole file against the manifest's file hash and, on a mismatch, reads every object again with
+    /// `get` (which finds, quarantines and reports the bad one). Hashing each object as well would hash every byte
+    /// twice (the largest cost of a materialize). None where the backend keeps a cache (it must see each object
+    /// verified before keeping it) or where the object does not decode: the caller then uses `get`.
+    pub fn get_for_file_hash(&self, id: &ObjectId) -> Result<Option<Got>, ObjectError> {
+        if self.backend.keeps_verified() {
+            return Ok(None);
+        }
+        READ_BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if !self.backend.get_into(id, &mut buf)? {
+                return Err(ObjectError::Missing { id: *id });
+            }
+            Ok(decode(&buf).ok().map(|bytes| Got { bytes, stored_len: buf.len() as u64 }))
+        })
     }
 
     pub fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {

@@ -76,6 +76,10 @@ impl Backend for CachedBackend {
         }
     }
 
+    fn keeps_verified(&self) -> bool {
+        true
+    }
+
     fn prefetch(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
         let missing: Vec<ObjectId> = ids.iter().filter(|id| !self.cache.holds(id)).copied().collect();
         if missing.is_empty() {

@@ -3,6 +3,9 @@
 //!
 //! CONTRACT: `expect` (the server's fingerprint) is checked before any object is read; a rebuild with the
 //! saved stream count is byte-exact and checked against the manifest's file hash, a mismatch writes nothing.
+//! That check is what verifies a local store's objects on this path (each is decoded, not hashed again:
+//! `ObjectStore::get_for_file_hash`); on a mismatch every object is read again hashed, so the bad one is found,
+//! quarantined and named in the error, as on any other read.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -45,7 +48,15 @@ pub struct Loaded {
 impl Store {
     /// Read and verify a state's skeleton and distinct blocks (parallel).
     pub fn load(&self, target: &Target, expect: Option<&Fingerprint>) -> Result<Loaded> {
+        self.load_checked(target, expect, Check::EachObject, None)
+    }
+
+    /// `check` is `FileHash` only where the rebuild for `n_stream` is byte-exact (decided on the manifest this
+    /// read resolved, the one the caller's file hash check will use).
+    fn load_checked(&self, target: &Target, expect: Option<&Fingerprint>, check: Check, n_stream: Option<u32>) -> Result<Loaded> {
         let (mid, manifest) = self.resolve(target)?;
+        let exact = n_stream.is_none() || n_stream == Some(manifest.n_stream);
+        let check = if exact { check } else { Check::EachObject };
         if let Some(expect) = expect {
             check_expect(&label(target), &manifest, expect)?;
         }
@@ -59,7 +70,16 @@ impl Store {
         let scope = manifest.object_scope();
         let got: Vec<(ObjectId, Got)> = want
             .par_iter()
-            .map(|id| self.objects.get(id, &scope).map(|g| (*id, g)))
+            .map(|id| {
+                let unhashed = match check {
+                    Check::FileHash => self.objects.get_for_file_hash(id)?,
+                    Check::EachObject => None,
+                };
+                match unhashed {
+                    Some(g) => Ok((*id, g)),
+                    None => self.objects.get(id, &scope).map(|g| (*id, g)),
+                }
+            })
             .collect::<std::result::Result<_, ObjectError>>()?;
         let objects_read = got.len();
         let mut read_raw_bytes = 0;
@@ -90,21 +110,29 @@ impl Store {
     /// Rebuild a state's slot file in memory. Byte-exact (and checked against the stored file hash) unless
     /// `n_stream` asks for another stream count than the saved one.
     pub fn rebuild(&self, target: &Target, expect: Option<&Fingerprint>, n_stream: Option<u32>) -> Result<(Loaded, Vec<u8>)> {
-        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream)?;
-        if exact {
-            check_file_hash(target, &loaded, &file)?;
+        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream, Check::FileHash)?;
+        if !exact {
+            return Ok((loaded, file));
         }
+        if check_file_hash(target, &loaded, &file).is_ok() {
+            return Ok((loaded, file));
+        }
+        // Read again, each object hashed: the bad one is quarantined and named.
+        let (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject)?;
+        check_file_hash(target, &loaded, &file)?;
         Ok((loaded, file))
     }
 
-    /// The rebuilt bytes and whether they must match the manifest's file hash (not yet checked).
+    /// The rebuilt bytes and whether they must match the manifest's file hash (not yet checked). `check`:
+    /// `FileHash` is taken only for a byte-exact rebuild (the only one with a file hash to check).
     fn rebuild_unchecked(
         &self,
         target: &Target,
         expect: Option<&Fingerprint>,
         n_stream: Option<u32>,
+        check: Check,
     ) -> Result<(Loaded, Vec<u8>, bool)> {
-        let loaded = self.load(target, expect)?;
+        let loaded = self.load_checked(target, expect, check, n_stream)?;
         let m = &loaded.manifest;
         let exact = n_stream.is_none() || n_stream == Some(m.n_stream);
         let refs: Vec<&[u8]> = m.blocks.iter().map(|id| loaded.blocks[id].as_slice()).collect();
@@ -124,9 +152,25 @@ impl Store {
         durable: bool,
     ) -> Result<MaterializeReport> {
         let t0 = Instant::now();
-        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream)?;
-        let check = || if exact { check_file_hash(target, &loaded, &file) } else { Ok(()) };
-        atomic_write(out_path, FILE_TEMP, &file, durable, check)?;
+        let (mut loaded, mut file, exact) = self.rebuild_unchecked(target, expect, n_stream, Check::FileHash)?;
+        let mismatch = std::sync::atomic::AtomicBool::new(false);
+        let written = {
+            let check = || {
+                let r = if exact { check_file_hash(target, &loaded, &file) } else { Ok(()) };
+                mismatch.store(r.is_err(), std::sync::atomic::Ordering::Relaxed);
+                r
+            };
+            atomic_write(out_path, FILE_TEMP, &file, durable, check)
+        };
+        if written.is_err() && mismatch.into_inner() {
+            // Read again, each object hashed: a bad object is quarantined and named; a rebuild that still does
+            // not match its file hash writes nothing.
+            (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject)?;
+            let check = || check_file_hash(target, &loaded, &file);
+            atomic_write(out_path, FILE_TEMP, &file, durable, check)?;
+        } else {
+            written?;
+        }
         Ok(MaterializeReport {
             manifest_id: loaded.manifest_id.hex(),
             n_tokens: loaded.manifest.n_tokens,
@@ -137,6 +181,15 @@ impl Store {
             elapsed_s: t0.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// How a rebuild's objects are verified.
+#[derive(Clone, Copy)]
+enum Check {
+    /// Each object is hashed as it is read.
+    EachObject,
+    /// Only the rebuilt file is hashed (a byte-exact rebuild); a mismatch reads again with `EachObject`.
+    FileHash,
 }
 
 /// A byte-exact rebuild must match the manifest's length and file hash.
