@@ -74,6 +74,7 @@ class Ask:
     looked_up: bool = False
     fork: bool = False
     own_stored: Optional[bool] = None
+    saves: int = 0  # `Transfer.saves` of the namespace when the prefix was looked up
 
 
 class Broker:
@@ -159,10 +160,11 @@ class Broker:
                     ask.fork = covered > 0 and covered + self.block_size > busy_has
                 return ask
         tokens = await tokens_fn()
+        saves = self.transfer.saves[ns]
         hint = await self.lookup(ns, tokens)
         stored = int(hint["n_common"]) if hint else 0
         better = stored if naming.name is None else max(stored + 1, self.block_size)
-        return Ask(tokens, hint, better, True, own_stored=False if naming.name is not None else None)
+        return Ask(tokens, hint, better, True, own_stored=False if naming.name is not None else None, saves=saves)
 
     async def prepare(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, hint: Optional[dict],
                       looked_up: bool = False, prefetched: Optional[Prefetch] = None) -> tuple[str, int]:
@@ -303,6 +305,10 @@ class Broker:
                                           namespace=naming.namespace, better_than=ask.better_than,
                                           fork=ask.fork) as lease:
                 try:
+                    if ask.looked_up and ask.tokens and not lease.resident and self.transfer.saves[naming.namespace] != ask.saves:
+                        # A save landed while this request waited (the state of a request it waited behind, or the
+                        # one its slot held): the longest stored prefix may be longer now.
+                        ask.hint = await self.lookup(naming.namespace, ask.tokens)
                     kind, n_restored = await self.prepare(lease, naming, tokens_fn, ask.hint, ask.looked_up,
                                                           prefetched)
                     self.metrics.kind(kind)

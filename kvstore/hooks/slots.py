@@ -47,6 +47,9 @@ class SlotTable:
         self.max_queue = max_queue
         self.clock = clock
         self._waiters: list[asyncio.Future] = []
+        # What each waiting request would use in place: its namespace and prompt (when tokenized), so that a request
+        # that uses no slot's content does not take the one a waiter of its namespace is waiting to continue.
+        self._waiting: dict[asyncio.Future, tuple[str, Sequence[int]]] = {}
 
     # ---- inspection -------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -136,7 +139,17 @@ class SlotTable:
             if lcp > 0 and lcp >= better_than:
                 # lcp: what llama-server keeps in place; nothing where the prompt leaves the slot's content early
                 return Lease(best, lcp=lcp if self.usable(best, tokens) else 0)
-        return Lease(self._lru(idle))  # type: ignore[arg-type]
+        return Lease(self._lru([s for s in idle if not self._wanted(s, namespace)] or idle))  # type: ignore[arg-type]
+
+    def _wanted(self, slot: Slot, namespace: str) -> bool:
+        """Does a waiting request of `namespace` share a block or more with this slot's content, usable in place?
+        (Two questions waiting on two articles as both slots free: the one whose article is in neither slot takes
+        the other slot, not the one holding the other question's article.) Only the picker's own namespace
+        counts: another tenant's waiting prompts never shape which slot it gets."""
+        if slot.owner != namespace or not slot.tokens:
+            return False
+        return any(ns == namespace and common_prefix(slot.tokens, toks) >= self.min_shared and self.usable(slot, toks)
+                   for ns, toks in self._waiting.values())
 
     def _shared_in_flight(self, tokens: Sequence[int], namespace: str, same_ns: list[Slot], better_than: int
                           ) -> bool:
@@ -249,10 +262,13 @@ class SlotTable:
                 raise QueueFull(f"all {len(self.slots)} slots busy and {len(self._waiters)} requests waiting")
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
+            if tokens:
+                self._waiting[fut] = (namespace, tokens)
             try:
                 await fut
             finally:
                 self._waiters.remove(fut)
+                self._waiting.pop(fut, None)
 
     async def evict(self, lease: Lease, *, strict: bool = False) -> None:
         """Save the slot's dirty state into the store (shielded). On failure the slot stays dirty and labelled (a

@@ -16,6 +16,7 @@ newer save meanwhile: materialized again); `Prefetch.close()` removes an unused 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -78,6 +79,9 @@ class Transfer:
         # Restore or recompute (hooks/cost.py): every restore's time is one of its observations.
         self.cost = cost if cost is not None else CostModel()
         self.layout: Optional[str] = None
+        # Saves ingested so far per namespace: a prefix looked up before a wait is looked up again if a save of its
+        # namespace landed meanwhile (per namespace: another tenant's saves never add a lookup to a request).
+        self.saves: collections.Counter[str] = collections.Counter()
         # The store's bound (hooks/bound.py): `reserve(namespace, file_bytes)` around every ingest (it may evict
         # first, so the store stays within its cap), `saved(namespace, name, report)` after it.
         self.bound: Optional[Any] = None
@@ -115,6 +119,7 @@ class Transfer:
         except Exception:
             self.metrics.inc("save_failures")
             raise
+        self.saves[namespace] += 1
         self.metrics.timed("save", time.perf_counter() - t0)
         self.metrics.inc("bytes_ingested", int(info.get("new_stored_bytes") or 0))
         self.metrics.inc("bytes_saved", int(info.get("file_bytes") or 0))

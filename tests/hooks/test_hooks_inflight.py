@@ -107,14 +107,17 @@ def test_hybrid_model_next_question_restores_the_parent(tmp_path):
 def test_questions_in_flight_named_per_question_evaluate_each_article_once(model, order, tmp_path):
     """Twice as many requests in flight as slots, each question under its own name, no parents: a question whose
     article is under way in another slot waits for it instead of evaluating the article again at once, so each
-    article is evaluated once (the ideal: the article once, then each question alone)."""
+    article is evaluated once (the ideal: the article once, then each question alone). Three articles on two
+    slots: question-major, two questions wait on two articles as both slots free, and the one whose article is in
+    neither slot must take the other slot (not the one holding the other's article), and restore its article's
+    prefix, saved while it waited."""
     store = tmp_path / "store"
     srv = engine(model, store, parallel=2, ctx=4096)
     with stack(srv, hooks(srv.url, store)) as (_, h):
-        jobs = [(a, q) for a in range(2) for q in range(3)]
+        jobs = [(a, q) for a in range(3) for q in range(3)]
         if order == "question-major":
             jobs = sorted(jobs, key=lambda j: (j[1], j[0]))
-        n_article = {a: len(tokenize(h.url, ARTICLES[a])) for a in range(2)}
+        n_article = {a: len(tokenize(h.url, ARTICLES[a])) for a in range(3)}
         n_prompt = {j: len(tokenize(h.url, ARTICLES[j[0]] + QUESTIONS[j[1]])) for j in jobs}
         ideal = sum(n_article.values()) + sum(n_prompt[j] - n_article[j[0]] for j in jobs)
         pending = list(jobs)

@@ -367,3 +367,24 @@ def test_a_request_under_way_is_seen_only_by_its_own_namespace_even_while_its_sl
         await cm.__aexit__(None, None, None)
         assert not s.busy and s.inflight == [] and s.inflight_namespace is None
     run(go())
+
+
+def test_a_request_that_uses_no_slot_leaves_a_waiter_the_slot_it_continues():
+    """Both slots free at once, two requests waiting: one question whose article is in slot 0, one whose article
+    is in neither. The second takes slot 1 even though slot 0 is the least recently used, so the first continues
+    its article in place. Only waiters of the picker's own namespace count: another tenant's pick is plain LRU."""
+    article_a, article_b, other = list(range(1000, 1100)), list(range(2000, 2100)), list(range(5000, 5100))
+
+    async def go():
+        t, _, clock = make(2)
+        for i, content in enumerate((article_a, article_b)):
+            async with t.acquire(key=("n", f"s{i}"), tokens=content, namespace="n") as l:
+                t.evaluated(l.slot, content)
+            clock.t += 1  # slot 0 is the least recently used
+        waiting = asyncio.get_running_loop().create_future()
+        t._waiting[waiting] = ("n", article_a + [1, 2])  # as _wait_pick records a waiter
+        assert t._pick(None, None, other, None, 0, "n").slot.id == 1
+        assert t._pick(None, None, other, None, 0, "m").slot.id == 0  # another tenant: LRU, as if none waited
+        del t._waiting[waiting]
+        assert t._pick(None, None, other, None, 0, "n").slot.id == 0  # nobody waits for it: LRU
+    run(go())
