@@ -295,7 +295,8 @@ class Broker:
         # A stored state of the request's own name beats its parent resident in a slot: it holds more tokens.
         parent = naming.parent_key
         own_stored = ask.own_stored
-        if own_stored is None and naming.name is not None and (parent is not None or self.table.all_busy):
+        if own_stored is None and naming.name is not None and (parent is not None
+                                                               or self.table.resident(naming.key) is None):
             own_stored = await self.stored(naming.namespace, naming.name)  # resident at the plan, or not planned
         if parent is not None and own_stored:
             parent = None
@@ -321,11 +322,11 @@ class Broker:
                 prefetched.close()
 
     def _prefetch(self, naming: Naming) -> Optional[Prefetch]:
-        """Overlap the wait: a request whose stored name (the caller checked) is not resident, about to wait for a
-        slot (every slot busy), has its state materialized meanwhile, so that only llama-server's load is left once a
-        slot frees. Not where the restore may be cut (SWA) or be the parent's instead (recurrent): whole restores
-        only."""
-        if (naming.name is None or not self.table.all_busy or self.table.resident(naming.key) is not None
+        """Overlap the wait: a request whose stored name (the caller checked) is not resident has its state
+        materialized from now on, while it waits for a slot and while the slot's displaced state is saved, so that
+        only llama-server's load is left once the slot is its. Not where the restore may be cut (SWA) or be the
+        parent's instead (recurrent): whole restores only."""
+        if (naming.name is None or self.table.resident(naming.key) is not None
                 or cut.extension_only(self.transfer.fingerprint, self.transfer.layout)):
             return None
         return self.transfer.prefetch(naming.namespace, naming.name)

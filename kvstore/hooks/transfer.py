@@ -206,6 +206,7 @@ class Transfer:
                 self._failed(lease, f"materialize {what}: {e}")
                 raise RestoreFailed(str(e)) from e
             self.metrics.inc("bytes_materialized", int(info.get("file_bytes") or 0))
+            t_load = time.perf_counter()
             try:
                 r = await self.up.slot_action(lease.slot.id, "restore", fn)
             except UpstreamReply as e:
@@ -217,8 +218,10 @@ class Transfer:
         n = int(r.get("n_restored") or 0)
         seconds = time.perf_counter() - t0
         self.metrics.timed("restore", seconds)
-        if ahead is None:  # a prefetched restore's time leaves out its materialize: not what a restore costs
-            self.cost.restored(n, int(info.get("file_bytes") or 0), seconds)
+        if ahead is not None:
+            # Prefetched: its materialize ran while the request waited; what a restore costs is still both.
+            seconds = float(info.get("elapsed_s") or 0.0) + (time.perf_counter() - t_load)
+        self.cost.restored(n, int(info.get("file_bytes") or 0), seconds)
         self.metrics.inc("tokens_restored", n)
         r["kvstore"] = info
         return r
