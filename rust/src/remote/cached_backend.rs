@@ -87,10 +87,11 @@ impl Backend for CachedBackend {
         }
         // Errors are left to the reads that follow (the cache may hold enough to serve).
         if let Ok(got) = self.bucket.download(missing.clone()) {
-            for (id, bytes) in missing.iter().zip(got) {
-                if let Some(b) = bytes {
-                    self.cache.keep(id, &b);
-                }
+            // Written to the cache by several threads at once (one after another cost as much as the download).
+            let (ids, bytes): (Vec<ObjectId>, Vec<_>) =
+                missing.into_iter().zip(got).filter_map(|(id, b)| b.map(|b| (id, b))).unzip();
+            if let Ok(sizes) = self.cache.dir.put_files(&ids, &|k| Ok(Some(bytes[k].to_vec()))) {
+                self.cache.added(sizes.iter().flatten().sum());
             }
         }
         Ok(())
