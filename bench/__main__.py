@@ -59,7 +59,7 @@ PRESETS["batch"] = {**PRESETS["full"], "workloads": ["batch"]}
 # between two `kvstore serve`, next to one server with a local store and plain llama-server; the handoff figures.
 # Sized to finish in minutes on a shared 2-core machine.
 PRESETS["s3"] = {**PRESETS["quick"], "models": ["smollm2"], "targets": ["plain", "kvstore", "s3x2"],
-                 "workloads": ["W1", "W3", "handoff"],
+                 "workloads": ["W1", "W3", "handoff", "s3core"],
                  "w1": {"seed": 1, "users": 5, "turns": 4, "system_words": 40, "msg_words": 30, "n_predict": 12,
                         "inflight": 2},
                  "handoff": {"history_words": 700}}
@@ -118,7 +118,7 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
                 res["evicted_cap"] = int(m.get('kvstore_evictions_total{reason="cap"}', 0))
                 if max_size is not None:
                     res["max_size"] = max_size
-                elif spec.servers == 1 and not spec.bucket:
+                elif spec.servers == 1 and not spec.bucket and not spec.serve_args:
                     UNCAPPED_BYTES[(model, label)] = res["stored_bytes"]
         finally:
             target.close()
@@ -128,6 +128,33 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
         print(f"  {label:34s} {spec.name:30s} prompt_n {res['prompt_n']:6d}  ideal {res['ideal']:6d}  "
               f"ratio {res['ratio_to_ideal']}  wall {res['wall_s']}s", file=sys.stderr, flush=True)
     return rows
+
+
+def s3core(model: str, wd: Path) -> dict:
+    """The restore path's speed against a bucket (bench/remote_core.py) for one real slot file, in this run's
+    SeaweedFS: local and bucket restores (cold and warm cache) next to a page-cache copy of the file and one GET of
+    as many bytes as the state stores."""
+    import os
+    import uuid
+
+    from . import remote_core
+    from .targets import BUCKET, seaweed
+
+    files = storage.make_family(model, wd / "files", 600, 1)
+    aws = seaweed().env({})  # only the variables pointing at this run's SeaweedFS
+    keys = set(aws) | {"AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE"}
+    old = {k: os.environ.get(k) for k in keys}
+    for k in keys:
+        os.environ.pop(k, None)
+    os.environ.update(aws)
+    try:
+        return remote_core.measure(f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", str(files[-1]))
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def table(results: dict) -> str:
@@ -164,6 +191,15 @@ def table(results: dict) -> str:
                          f"{h['restore_warm_file_mb_s']} MB/s of state file.")
         if block.get("batch"):
             lines.extend(batch.table(block["batch"]))
+        rc = block.get("s3core")
+        if rc:
+            r = rc["mb_per_s"]
+            lines.append(f"\nRestore path, one real slot file of {rc['file_mb']} MB ({rc['objects']} objects, "
+                         f"{rc['stored_mb']} MB stored), MB/s of file bytes: local {r['local_restore']} vs page-cache "
+                         f"copy {r['copy']} (**{rc['local_restore_vs_copy']}x**); bucket cold cache "
+                         f"{r['bucket_cold_restore']} vs one GET of the stored bytes {r['one_get_of_stored_bytes']} "
+                         f"(**{rc['cold_restore_vs_one_get']}x**); bucket warm cache {r['bucket_warm_restore']} "
+                         f"(**{rc['warm_restore_vs_local']}x** local).")
         st = block.get("storage")
         if st:
             mb = st["mb_per_s"]
@@ -214,6 +250,14 @@ def main(argv=None) -> int:
                     block["batch"] = batch.run(path, wd, cfg["parallel"], cfg["ctx_size"], cfg["batch"])
                 finally:
                     cleanup(wd)
+                continue
+            if wl == "s3core":
+                wd = workdir()
+                try:
+                    block["s3core"] = s3core(path, wd)
+                finally:
+                    cleanup(wd)
+                print(f"  s3core {block['s3core']}", file=sys.stderr, flush=True)
                 continue
             if wl == "storage":
                 wd = workdir()

@@ -19,6 +19,7 @@ class Result:
     text: str
     tokens: list = field(default_factory=list)
     kv_cache: str = ""  # X-KV-Cache reply header (kvstore only)
+    prompt_ms: float = 0.0  # llama-server's own time evaluating the prompt tokens it evaluated (timings)
     server: str = ""  # who answered: a balancer's X-KV-Server reply header, else the URL asked
 
 
@@ -60,4 +61,4 @@ def complete(base: str, prompt: str, n_predict: int, extra: Optional[dict] = Non
     total = time.perf_counter() - t0
     return Result(prompt_n=int(timings.get("prompt_n", 0)), cache_n=int(timings.get("cache_n", 0)),
                   ttft_s=ttft if ttft is not None else total, total_s=total, text="".join(text),
-                  tokens=tokens, kv_cache=kv, server=server)
+                  tokens=tokens, kv_cache=kv, server=server, prompt_ms=float(timings.get("prompt_ms") or 0.0))

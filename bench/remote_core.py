@@ -10,6 +10,7 @@ takes to fail. Each timing is the median of N runs (default 5).
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -30,7 +31,9 @@ def med(f, n: int) -> float:
     return statistics.median(ts)
 
 
-def main(url: str, state: str, n: int = 5) -> None:
+def measure(url: str, state: str, n: int = 5) -> dict:
+    """Every figure of the module docstring for one real slot file, as a dict (times in seconds, rates in MB/s of
+    the state's file bytes, the way a restore's speed is felt)."""
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     size = Path(state).stat().st_size
     mb = size / 1e6
@@ -38,6 +41,7 @@ def main(url: str, state: str, n: int = 5) -> None:
     local = _core.Store(str(tmp / "local"))
     t_local_save = med(lambda: local.ingest("s", state), 1)
     t_local_load = med(lambda: local.materialize("s", str(tmp / "l.bin")), n)
+    t_copy = med(lambda: shutil.copyfile(state, tmp / "copy.bin"), n)
     t_local_resave = med(lambda: local.ingest("s", state), n)
 
     a = _core.Store(url, cache=str(tmp / "a"))
@@ -78,17 +82,35 @@ def main(url: str, state: str, n: int = 5) -> None:
         pass
     t_dead = time.perf_counter() - t0
     os.environ["AWS_ENDPOINT_URL"] = endpoint
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "file_mb": round(mb, 2), "objects": r["new_objects"], "stored_mb": round(stored / 1e6, 2),
+        "mb_per_s": {"local_save": round(mb / t_local_save, 1), "bucket_save": round(mb / t_save, 1),
+                     "copy": round(mb / t_copy, 1), "local_restore": round(mb / t_local_load, 1),
+                     "bucket_cold_restore": round(mb / t_cold, 1), "bucket_warm_restore": round(mb / t_warm, 1),
+                     "one_get_of_stored_bytes": round(mb / t_get, 1)},
+        "cold_restore_vs_one_get": round(t_get / t_cold, 3),
+        "warm_restore_vs_local": round(t_local_load / t_warm, 3),
+        "local_restore_vs_copy": round(t_copy / t_local_load, 3),
+        "s": {"cold_restore": round(t_cold, 4), "one_get": round(t_get, 4), "warm_restore": round(t_warm, 4),
+              "resave_known_bucket": round(t_resave, 4), "resave_known_local": round(t_local_resave, 4),
+              "first_save_after_gc": round(t_after_gc, 4), "dead_endpoint": round(t_dead, 3)},
+    }
 
-    print(f"state {Path(state).name}: {mb:.1f} MB, {r['new_objects']} objects, {stored / 1e6:.1f} MB stored")
-    print(f"save     local {mb / t_local_save:7.1f} MB/s   bucket {mb / t_save:7.1f} MB/s ({t_save:.2f} s)")
-    print(f"restore  local {mb / t_local_load:7.1f} MB/s   bucket cold {mb / t_cold:7.1f} MB/s ({t_cold:.2f} s)"
-          f"   warm {mb / t_warm:7.1f} MB/s ({t_warm:.3f} s)")
-    print(f"plain GET of {stored / 1e6:.1f} MB: {t_get:.3f} s = {stored / 1e6 / t_get:.1f} MB/s "
-          f"(cold restore moves the same bytes in {t_cold:.3f} s)")
-    print(f"save of known objects: bucket {t_resave * 1e3:.0f} ms, local {t_local_resave * 1e3:.0f} ms "
-          f"(the difference: lock + gc generation + CAS of one name)")
-    print(f"first save after a gc elsewhere: {t_after_gc * 1e3:.0f} ms")
-    print(f"dead endpoint -> RemoteUnavailable in {t_dead:.2f} s")
+
+def main(url: str, state: str, n: int = 5) -> None:
+    m = measure(url, state, n)
+    mb, stored, rate, s = m["file_mb"], m["stored_mb"], m["mb_per_s"], m["s"]
+    print(f"state {Path(state).name}: {mb:.1f} MB, {m['objects']} objects, {stored:.1f} MB stored")
+    print(f"save     local {rate['local_save']:7.1f} MB/s   bucket {rate['bucket_save']:7.1f} MB/s")
+    print(f"restore  local {rate['local_restore']:7.1f} MB/s (copy {rate['copy']:.1f})   bucket cold "
+          f"{rate['bucket_cold_restore']:7.1f} MB/s ({s['cold_restore']:.3f} s)   warm {rate['bucket_warm_restore']:7.1f} MB/s")
+    print(f"plain GET of {stored:.1f} MB: {s['one_get']:.3f} s (cold restore moves the same bytes in "
+          f"{s['cold_restore']:.3f} s: {m['cold_restore_vs_one_get']}x)")
+    print(f"save of known objects: bucket {s['resave_known_bucket'] * 1e3:.0f} ms, local "
+          f"{s['resave_known_local'] * 1e3:.0f} ms (the difference: lock + gc generation + CAS of one name)")
+    print(f"first save after a gc elsewhere: {s['first_save_after_gc'] * 1e3:.0f} ms")
+    print(f"dead endpoint -> RemoteUnavailable in {s['dead_endpoint']:.2f} s")
 
 
 if __name__ == "__main__":

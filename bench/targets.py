@@ -48,6 +48,7 @@ class TargetSpec:
     # > 0: `kvstore serve --max-size` this fraction of what the uncapped kvstore target stored for the same workload
     # in the same run (bench/__main__.py passes the size; the uncapped target must run first)
     cap_of_uncapped: float = 0.0
+    serve_args: tuple = ()  # more `kvstore serve` flags
 
 
 TARGETS = {
@@ -56,6 +57,10 @@ TARGETS = {
     "ram512": TargetSpec("llama-server --cache-ram 512", "llama", 512),
     "kvstore": TargetSpec("kvstore serve", "kvstore", 0),
     "kvcap": TargetSpec("kvstore serve --max-size 50%", "kvstore", 0, cap_of_uncapped=0.5),
+    # Every stored state restored, whatever the cost model predicts: the token path where recomputing is faster (a
+    # tiny model evaluates a prompt quicker than any restore).
+    "kvalways": TargetSpec("kvstore serve --restore-policy always", "kvstore", 0,
+                           serve_args=("--restore-policy", "always")),
     "s3x2": TargetSpec("2x kvstore serve, one S3 store", "kvstore", 0, servers=2),
     "s3x1": TargetSpec("1x kvstore serve, S3 store", "kvstore", 0, bucket=True),
     "lb-rr": TargetSpec("2x kvstore serve, HAProxy round-robin", "kvstore", 0, servers=2, balance="roundrobin"),
@@ -118,6 +123,7 @@ class Target:
                 cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--store", str(self.store), *common]
             if self.max_size is not None and self.spec.kind == "kvstore":
                 cmd += ["--max-size", str(self.max_size)]
+            cmd += list(self.spec.serve_args)
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
             self.procs.append(proc)
             self.urls.append(f"http://127.0.0.1:{port}")

@@ -34,6 +34,9 @@ class Tally:
     returning: int = 0
     moved: int = 0
     restored_from_bucket: int = 0
+    # A returning request's time to first token over llama-server's own time evaluating what it evaluated (for
+    # kvstore: its new tokens alone): what the restore path and the proxy add.
+    ttft_over_eval: list = field(default_factory=list)
 
     def add(self, res, ideal: int, returning: bool, session=None) -> None:
         self.prompt_n += res.prompt_n
@@ -42,6 +45,8 @@ class Tally:
         self.requests += 1
         if returning:
             self.ttft_returning.append(res.ttft_s)
+            if res.prompt_ms > 0:
+                self.ttft_over_eval.append(res.ttft_s / (res.prompt_ms / 1000))
             self.returning += 1
             if session in self.last_server and self.last_server[session] != res.server:
                 self.moved += 1
@@ -58,6 +63,8 @@ class Tally:
                 "ratio_to_ideal": round(self.prompt_n / self.ideal, 3) if self.ideal else None,
                 "ttft_returning_p50_s": round(statistics.median(t), 4) if t else None,
                 "ttft_returning_p95_s": round(p95, 4) if t else None, "kv_cache": self.kv_cache,
+                "ttft_returning_over_own_eval_p50": (round(statistics.median(self.ttft_over_eval), 3)
+                                                     if self.ttft_over_eval else None),
                 "returning": self.returning, "moved": self.moved, "restored_from_bucket": self.restored_from_bucket}
 
 
