@@ -150,6 +150,7 @@ class Broker:
                     ask.tokens = await tokens_fn()
                     ask.better_than = 1 << 40
                 if resident is not None and resident.busy and ask.tokens:
+                    ask.saves = self.transfer.saves[ns]
                     ask.hint, ask.looked_up = await self.lookup(ns, ask.tokens), True
                     covered = int(ask.hint["n_common"]) if ask.hint else 0
                     # What waiting would give: the busy slot's content once its request is done, which extends
