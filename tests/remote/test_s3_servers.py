@@ -122,7 +122,7 @@ def test_both_restarted_with_empty_caches_lose_nothing(pair):
 
 def test_kill_a_during_an_upload(pair, seaweed, tmp_path):
     a, b = pair
-    prefix = "pair/objects/"  # the bucket layout of rust/src/remote/mod.rs
+    prefix = "pair/packs/"  # the bucket layout of rust/src/remote/mod.rs: a save's objects travel in packs
     before = len(seaweed.list_keys(S3_BUCKET, prefix))
     answered: list = []
 

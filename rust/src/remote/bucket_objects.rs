@@ -1,13 +1,24 @@
-//! `BucketObjects`, the `Backend` of objects in a bucket: `<prefix>/objects/<2 hex>/<64 hex>`, the same KVOB
-//! bytes as a local store's files.
+//! `BucketObjects`, the `Backend` of objects in a bucket. A save's objects go up in packs (`pack.rs`,
+//! `packs/<2 hex>/<64 hex>` and its `.idx`), as restic packs blobs, manifests included; a single `put_file` is
+//! a loose object, `objects/<2 hex>/<64 hex>` (the same KVOB bytes as a local store's file), as is what older
+//! versions wrote. Reads find an object through the `PackMap` and fetch it with a ranged GET, else loose.
 //!
-//! CONTRACT: a put is a create-if-absent (If-None-Match: *), so an object that exists is never rewritten
-//! (content addressing makes the existing bytes the same ones); a PUT is atomic on S3, so there are no temp
-//! files. `put_files` encodes on rayon's threads and then uploads concurrently (16 requests in flight); all
-//! are durable in the bucket when it returns. `touch` cannot refresh a bucket's LastModified: it is a HEAD,
-//! and reuse is protected by the lock protocol (`locks.rs`) instead of mtimes. `quarantine` copies a corrupt
-//! object to `<prefix>/quarantine/` and deletes it, so the next put of the same content repairs it.
+//! CONTRACT: every PUT is a create-if-absent (If-None-Match: *) of content-addressed bytes, so nothing is
+//! rewritten; a PUT is atomic on S3, so there are no temp files. `put_files` encodes on rayon's threads,
+//! packs the new objects in their order (about `PACK_TARGET` bytes a pack) and uploads packs and indexes
+//! concurrently (`PARALLEL` requests in flight); all are durable when it returns. `download` reads adjacent
+//! objects of a pack in one ranged GET (split to keep `PARALLEL` requests busy). `delete_many` is a prune,
+//! planned then executed: packs holding only doomed (or duplicate) objects are deleted; a pack holding any is
+//! rewritten without them (its survivors uploaded as new packs first, then the old index, then the old pack
+//! deleted), so the bucket holds no garbage after a gc and a cap counts what the bucket really holds; a kill
+//! in between leaves duplicates, never a gap. Orphans older than `orphan_age` (a save killed between its
+//! PUTs, an index deleted by hand): a pack without its index gets it back from its trailer (its objects then
+//! count, and gc drops those no name references), an index without its pack is deleted. `touch` cannot
+//! refresh a bucket's LastModified: reuse is protected by the lock protocol (`locks.rs`). `quarantine`
+//! copies a corrupt object to `<prefix>/quarantine/` and removes it (a repack for a packed one), so the next
+//! put repairs it.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -15,50 +26,176 @@ use bytes::Bytes;
 use rayon::prelude::*;
 
 use super::client::{Bucket, Meta};
-use super::keys::{object_key, unique_suffix};
+use super::keys::{index_key, object_key, pack_key, unique_suffix};
+use super::pack::{self, Entry};
+use super::pack_map::{Located, PackInfo, PackMap};
 use crate::id::ObjectId;
 use crate::objects::{Backend, ObjectError, Stamped};
 
 /// Requests in flight for a batch of uploads or downloads.
 pub const PARALLEL: usize = 16;
+/// A save's objects go up in packs of about this many bytes (several upload at once).
+pub const PACK_TARGET: usize = 16 << 20;
+/// A read of many objects asks for ranges of at least this many bytes ...
+const RANGE_MIN: u64 = 1 << 20;
+/// ... and at most this many, so that a state is read by about `PARALLEL` requests at once.
+const RANGE_MAX: u64 = 8 << 20;
+/// Wanted objects of one pack this close together are read in one range (the gap is read and dropped).
+const RANGE_GAP: u64 = 64 << 10;
+/// A miss re-lists the packs at most this often (another machine may have saved the object meanwhile).
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// A prune rewrites packs in batches of about this many live bytes (bounds its memory).
+const REPACK_BATCH: usize = 4 * PACK_TARGET;
 
 #[derive(Clone)]
 pub struct BucketObjects {
     pub(crate) bucket: Arc<Bucket>,
+    packs: Arc<PackMap>,
+    /// A pack without its index (or the reverse) older than this is a killed save's (the lock protocol's
+    /// `stale_lock`): the prune rebuilds the pack's index from its trailer, or deletes the lone index.
+    orphan_age: Duration,
+    /// The gc generation at which `packs` was last listed under a save's lock (`trust_at`).
+    trusted_at: Arc<std::sync::Mutex<Option<u64>>>,
+}
+
+/// One ranged GET: a span of a pack, and the wanted objects in it (their slot in the caller's list).
+struct Span {
+    pack: ObjectId,
+    start: u64,
+    end: u64,
+    parts: Vec<(usize, Entry)>,
 }
 
 impl BucketObjects {
-    pub fn new(bucket: Arc<Bucket>) -> Self {
-        BucketObjects { bucket }
+    pub fn new(bucket: Arc<Bucket>, orphan_age: Duration) -> Self {
+        BucketObjects { bucket, packs: Arc::new(PackMap::default()), orphan_age, trusted_at: Arc::default() }
     }
 
-    /// Upload encoded objects concurrently (create-if-absent each).
-    pub fn upload(&self, items: Vec<(ObjectId, Bytes)>) -> Result<(), ObjectError> {
-        let b = &*self.bucket;
-        b.run_all(items, PARALLEL, |(id, bytes)| async move { b.put_create_async(&object_key(&id), bytes).await })?;
+    /// Called under a save's shared lock with the bucket's gc generation: the pack map is listed again if a
+    /// gc may have pruned since it was last listed under such a lock, so that dedup against a pack it names
+    /// is safe until the lock is released (a prune bumps the generation before it deletes anything).
+    pub fn trust_at(&self, generation: u64) -> Result<(), ObjectError> {
+        let mut seen = self.trusted_at.lock().expect("generation lock");
+        if *seen != Some(generation) {
+            self.packs.refresh(&self.bucket)?;
+            *seen = Some(generation);
+        }
         Ok(())
     }
 
-    /// Download these objects concurrently; None for an absent one.
-    pub fn download(&self, ids: Vec<ObjectId>) -> Result<Vec<Option<Bytes>>, ObjectError> {
+    fn locate(&self, id: &ObjectId) -> Result<Option<Located>, ObjectError> {
+        if let Some(l) = self.packs.locate(id) {
+            return Ok(Some(l));
+        }
+        if self.packs.refresh_if_stale(&self.bucket, REFRESH_EVERY)? {
+            return Ok(self.packs.locate(id));
+        }
+        Ok(None)
+    }
+
+    /// Upload encoded objects as packs and their indexes (create-if-absent each); durable when it returns.
+    pub fn upload(&self, items: Vec<(ObjectId, Bytes)>) -> Result<(), ObjectError> {
+        let mut seen = HashSet::new();
+        let items: Vec<_> = items.into_iter().filter(|(id, _)| seen.insert(*id)).collect();
+        if items.is_empty() {
+            return Ok(());
+        }
+        let built: Vec<pack::Built> = pack::group(items, PACK_TARGET).par_iter().map(|g| pack::build(g)).collect();
+        let puts: Vec<(String, Bytes)> = built
+            .iter()
+            .flat_map(|p| [(pack_key(&p.id), p.bytes.clone()), (index_key(&p.id), Bytes::from(p.index.clone()))])
+            .collect();
         let b = &*self.bucket;
-        let got = b.run_all(ids, PARALLEL, |id| async move {
-            Ok(b.get_async(&object_key(&id)).await?.map(|(bytes, _)| bytes))
+        b.run_all(puts, PARALLEL, |(key, bytes)| async move { b.put_create_async(&key, bytes).await })?;
+        for p in built {
+            let info = PackInfo { modified: SystemTime::now(), entries: p.entries };
+            self.packs.add(p.id, info);
+        }
+        Ok(())
+    }
+
+    /// Download these objects concurrently (packed ones by ranged GETs); None for an absent one.
+    pub fn download(&self, ids: Vec<ObjectId>) -> Result<Vec<Option<Bytes>>, ObjectError> {
+        let mut out: Vec<Option<Bytes>> = vec![None; ids.len()];
+        let all: Vec<usize> = (0..ids.len()).collect();
+        let mut left = self.read_packed(&ids, &all, &mut out)?;
+        // Not in a pack this map knows (a pack another machine just wrote, or one a prune elsewhere
+        // rewrote): the packs listed again, once; then loose (what older versions wrote).
+        if !left.is_empty() {
+            self.packs.refresh(&self.bucket)?;
+            left = self.read_packed(&ids, &left, &mut out)?;
+        }
+        let b = &*self.bucket;
+        let loose = b.run_all(left.clone(), PARALLEL, |k| {
+            let key = object_key(&ids[k]);
+            async move { Ok(b.get_async(&key).await?.map(|(bytes, _)| bytes)) }
         })?;
-        Ok(got)
+        for (k, got) in left.into_iter().zip(loose) {
+            out[k] = got;
+        }
+        Ok(out)
     }
 
-    /// Every object in the bucket with its metadata (LastModified is the bucket's clock).
-    pub fn list_meta(&self) -> Result<Vec<(ObjectId, Meta)>, ObjectError> {
-        let metas = self.bucket.list("objects")?;
-        Ok(metas
-            .into_iter()
-            .filter_map(|m| m.rel.rsplit('/').next().and_then(|n| n.parse::<ObjectId>().ok()).map(|id| (id, m)))
-            .collect())
+    /// Read `which` of `ids` from their packs into `out`; returns those not found in a pack.
+    fn read_packed(&self, ids: &[ObjectId], which: &[usize], out: &mut [Option<Bytes>]) -> Result<Vec<usize>, ObjectError> {
+        let mut left = Vec::new();
+        let mut wanted: Vec<(ObjectId, usize, Entry)> = Vec::new();
+        for &k in which {
+            match self.packs.locate(&ids[k]) {
+                Some(l) => wanted.push((l.pack, k, l.entry)),
+                None => left.push(k),
+            }
+        }
+        let spans = plan_spans(wanted);
+        let b = &*self.bucket;
+        let got = b.run_all(spans, PARALLEL, |s| async move {
+            let bytes = b.get_range_async(&pack_key(&s.pack), s.start..s.end).await?;
+            Ok((s, bytes))
+        })?;
+        for (s, bytes) in got {
+            match bytes {
+                Some(bytes) if bytes.len() as u64 == s.end - s.start => {
+                    for (k, e) in s.parts {
+                        let at = (e.offset - s.start) as usize;
+                        out[k] = Some(bytes.slice(at..at + e.len as usize));
+                    }
+                }
+                _ => left.extend(s.parts.iter().map(|(k, _)| *k)),
+            }
+        }
+        Ok(left)
     }
-}
 
-impl BucketObjects {
+    /// Every object id in the bucket: packed ones (after a fresh listing of the packs) and loose ones.
+    fn listing(&self) -> Result<(Vec<Stamped>, Vec<Meta>), ObjectError> {
+        self.packs.refresh(&self.bucket)?;
+        let packed: Vec<Stamped> = self.packs.objects().into_iter().map(|l| (l.entry.id, l.modified, l.entry.len as u64)).collect();
+        let loose = self.bucket.list("objects")?;
+        Ok((packed, loose))
+    }
+
+    /// Every object with its LastModified and length: packed ones once (their pack's time), loose ones not
+    /// also packed.
+    pub fn list_stamped_all(&self) -> Result<Vec<Stamped>, ObjectError> {
+        let (mut out, loose) = self.listing()?;
+        let packed: HashSet<ObjectId> = out.iter().map(|(id, _, _)| *id).collect();
+        for m in loose {
+            if let Some(id) = m.rel.rsplit('/').next().and_then(|n| n.parse::<ObjectId>().ok()) {
+                if !packed.contains(&id) {
+                    out.push((id, m.modified, m.size));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// (objects, bytes the bucket holds for them: whole packs with their indexes, and loose objects).
+    pub fn stored(&self) -> Result<(u64, u64), ObjectError> {
+        let objects = self.list_stamped_all()?.len() as u64;
+        let bytes = self.bucket.list(super::keys::PACKS)?.iter().chain(&self.bucket.list("objects")?).map(|m| m.size).sum();
+        Ok((objects, bytes))
+    }
+
     /// `Backend::put_files`'s work, returning the encoded bytes (None: already present) so that the cache in
     /// front (`Cached`) keeps the same bytes without encoding or uploading twice.
     #[allow(clippy::type_complexity)]
@@ -74,6 +211,123 @@ impl BucketObjects {
         self.upload(items)?;
         Ok(encoded)
     }
+
+    /// The prune: remove `doomed` objects (and duplicate copies) from their packs, delete old orphans and the
+    /// doomed loose objects. Planned on a fresh listing, then executed pack batch by pack batch.
+    fn prune(&self, doomed: &[ObjectId]) -> Result<(), ObjectError> {
+        let orphans = self.packs.refresh(&self.bucket)?;
+        let doomed: HashSet<ObjectId> = doomed.iter().copied().collect();
+        // The plan: per pack, what survives; a pack with nothing to drop is left alone.
+        let mut rewrite: Vec<(ObjectId, Vec<Entry>)> = Vec::new();
+        let mut packed: HashSet<ObjectId> = HashSet::new();
+        for (pid, info) in self.packs.packs() {
+            let keep: Vec<Entry> =
+                info.entries.iter().filter(|e| !doomed.contains(&e.id) && self.packs.is_canonical(&e.id, &pid)).copied().collect();
+            packed.extend(info.entries.iter().map(|e| e.id));
+            if keep.len() < info.entries.len() {
+                rewrite.push((pid, keep));
+            }
+        }
+        // Execute: survivors up first, then the old packs go (index first, so no reader trusts a pack being
+        // deleted for longer than one listing).
+        let mut batch: Vec<(ObjectId, Vec<Entry>)> = Vec::new();
+        let mut batch_bytes = 0usize;
+        for (pid, keep) in rewrite {
+            batch_bytes += keep.iter().map(|e| e.len as usize).sum::<usize>();
+            batch.push((pid, keep));
+            if batch_bytes >= REPACK_BATCH {
+                self.repack(std::mem::take(&mut batch))?;
+                batch_bytes = 0;
+            }
+        }
+        self.repack(batch)?;
+        let now = SystemTime::now();
+        let old = |m: &Meta| now.duration_since(m.modified).unwrap_or_default() > self.orphan_age;
+        let (lone_indexes, lone_packs): (Vec<Meta>, Vec<Meta>) =
+            orphans.into_iter().filter(old).partition(|m| m.rel.ends_with(".idx"));
+        for m in lone_packs {
+            self.rebuild_index(&m)?;
+        }
+        let mut gone: Vec<String> = lone_indexes.into_iter().map(|m| m.rel).collect();
+        gone.extend(doomed.iter().filter(|id| !packed.contains(id)).map(object_key));
+        let b = &*self.bucket;
+        b.run_all(gone, PARALLEL, |key| async move { b.delete_async(&key).await })?;
+        Ok(())
+    }
+
+    /// Write a pack's index again from the copy in its trailer (its objects then count again; a gc removes
+    /// those no name references, as it does any).
+    fn rebuild_index(&self, m: &Meta) -> Result<(), ObjectError> {
+        let Some(id) = m.rel.rsplit('/').next().and_then(|n| n.parse::<ObjectId>().ok()) else { return Ok(()) };
+        let b = &*self.bucket;
+        let key = pack_key(&id);
+        let read = |range| b.block_on(b.get_range_async(&key, range));
+        let Some(tail) = read(m.size.saturating_sub(pack::TRAILER as u64)..m.size)? else { return Ok(()) };
+        let Ok(ilen) = pack::trailer_index_len(&tail) else { return Ok(()) }; // not a pack: left for a person
+        let start = m.size.saturating_sub(pack::TRAILER as u64 + ilen);
+        let Some(index) = read(start..m.size - pack::TRAILER as u64)? else { return Ok(()) };
+        if pack::decode_index(&index).is_ok() {
+            b.put_create(&index_key(&id), index)?;
+        }
+        Ok(())
+    }
+
+    /// Upload the survivors of these packs as new packs, then delete the old ones.
+    fn repack(&self, batch: Vec<(ObjectId, Vec<Entry>)>) -> Result<(), ObjectError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let wanted: Vec<(ObjectId, usize, Entry)> =
+            batch.iter().flat_map(|(pid, keep)| keep.iter().map(move |e| (*pid, 0, *e))).enumerate().map(|(k, (p, _, e))| (p, k, e)).collect();
+        let mut got: Vec<Option<Bytes>> = vec![None; wanted.len()];
+        let b = &*self.bucket;
+        let spans = plan_spans(wanted.clone());
+        for (s, bytes) in b.run_all(spans, PARALLEL, |s| async move {
+            let bytes = b.get_range_async(&pack_key(&s.pack), s.start..s.end).await?;
+            Ok((s, bytes))
+        })? {
+            let Some(bytes) = bytes else { continue };
+            for (k, e) in s.parts {
+                let at = (e.offset - s.start) as usize;
+                got[k] = bytes.get(at..at + e.len as usize).map(|_| bytes.slice(at..at + e.len as usize));
+            }
+        }
+        if let Some(k) = got.iter().position(|g| g.is_none()) {
+            // The pack changed under the plan (a prune elsewhere, which the gc lock should exclude): stop before
+            // deleting anything.
+            return Err(ObjectError::Missing { id: wanted[k].2.id });
+        }
+        let items: Vec<(ObjectId, Bytes)> = wanted.iter().zip(got).map(|((_, _, e), g)| (e.id, g.expect("checked above"))).collect();
+        self.upload(items)?;
+        let old: Vec<ObjectId> = batch.iter().map(|(p, _)| *p).collect();
+        b.run_all(old.clone(), PARALLEL, |p| async move { b.delete_async(&index_key(&p)).await })?;
+        b.run_all(old.clone(), PARALLEL, |p| async move { b.delete_async(&pack_key(&p)).await })?;
+        self.packs.remove(&old);
+        Ok(())
+    }
+}
+
+/// Ranged GETs for these (pack, slot, entry)s: adjacent entries of one pack are merged while the gap between
+/// them is at most `RANGE_GAP`, and a span is closed at a size that spreads the bytes over `PARALLEL` requests.
+fn plan_spans(mut wanted: Vec<(ObjectId, usize, Entry)>) -> Vec<Span> {
+    let total: u64 = wanted.iter().map(|(_, _, e)| e.len as u64).sum();
+    let cap = (total / PARALLEL as u64).clamp(RANGE_MIN, RANGE_MAX);
+    wanted.sort_by_key(|(p, _, e)| (p.0, e.offset));
+    let mut spans: Vec<Span> = Vec::new();
+    for (pack, k, e) in wanted {
+        match spans.last_mut() {
+            Some(s) if s.pack == pack && e.offset >= s.end && e.offset - s.end <= RANGE_GAP && s.end - s.start < cap => {
+                s.end = e.offset + e.len as u64;
+                s.parts.push((k, e));
+            }
+            Some(s) if s.pack == pack && e.offset < s.end => {
+                s.end = s.end.max(e.offset + e.len as u64); // the same object asked twice
+                s.parts.push((k, e));
+            }
+            _ => spans.push(Span { pack, start: e.offset, end: e.offset + e.len as u64, parts: vec![(k, e)] }),
+        }
+    }
+    spans
 }
 
 impl Backend for BucketObjects {
@@ -91,40 +345,40 @@ impl Backend for BucketObjects {
     }
 
     fn get(&self, id: &ObjectId) -> Result<Option<Vec<u8>>, ObjectError> {
-        Ok(self.bucket.get(&object_key(id))?.map(|(b, _)| b.to_vec()))
+        Ok(self.download(vec![*id])?.pop().flatten().map(|b| b.to_vec()))
     }
 
     fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
-        Ok(self.bucket.head(&object_key(id))?.is_some())
+        Ok(self.touch(id)?.is_some())
     }
 
     fn list(&self) -> Result<Vec<ObjectId>, ObjectError> {
-        Ok(self.list_meta()?.into_iter().map(|(id, _)| id).collect())
+        Ok(self.list_stamped_all()?.into_iter().map(|(id, _, _)| id).collect())
     }
 
     fn list_stamped(&self) -> Result<Vec<Stamped>, ObjectError> {
-        Ok(self.list_meta()?.into_iter().map(|(id, m)| (id, m.modified, m.size)).collect())
+        self.list_stamped_all()
     }
 
     fn delete_many(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
-        let b = &*self.bucket;
-        b.run_all(ids.to_vec(), PARALLEL, |id| async move { b.delete_async(&object_key(&id)).await })?;
-        Ok(())
+        self.prune(ids)
     }
 
     fn delete(&self, id: &ObjectId) -> Result<u64, ObjectError> {
-        let key = object_key(id);
-        let Some(m) = self.bucket.head(&key)? else { return Ok(0) };
-        self.bucket.delete(&key)?;
-        Ok(m.size)
+        let Some((_, len)) = self.mtime(id)? else { return Ok(0) };
+        self.prune(&[*id])?;
+        Ok(len)
     }
 
     fn mtime(&self, id: &ObjectId) -> Result<Option<(SystemTime, u64)>, ObjectError> {
+        if let Some(l) = self.locate(id)? {
+            return Ok(Some((l.modified, l.entry.len as u64)));
+        }
         Ok(self.bucket.head(&object_key(id))?.map(|m| (m.modified, m.size)))
     }
 
     fn touch(&self, id: &ObjectId) -> Result<Option<u64>, ObjectError> {
-        Ok(self.bucket.head(&object_key(id))?.map(|m| m.size))
+        Ok(self.mtime(id)?.map(|(_, len)| len))
     }
 
     fn stale_temp(&self, _grace: Duration) -> Result<usize, ObjectError> {
@@ -136,14 +390,24 @@ impl Backend for BucketObjects {
     }
 
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError> {
-        let key = object_key(id);
-        let Some((bytes, _)) = self.bucket.get(&key)? else { return Ok(()) };
+        let Some(bytes) = self.download(vec![*id])?.pop().flatten() else { return Ok(()) };
         self.bucket.put(&format!("quarantine/{}.{}", id.hex(), unique_suffix()), bytes)?;
-        self.bucket.delete(&key)?;
-        Ok(())
+        self.prune(&[*id])
     }
 
     fn prefetch(&self, _ids: &[ObjectId]) -> Result<(), ObjectError> {
         Ok(())
     }
+}
+
+/// How many of these ids lie in each pack (tests look inside).
+#[cfg(test)]
+pub fn packs_of(objects: &BucketObjects, ids: &[ObjectId]) -> std::collections::HashMap<ObjectId, usize> {
+    let mut out = std::collections::HashMap::new();
+    for id in ids {
+        if let Some(l) = objects.packs.locate(id) {
+            *out.entry(l.pack).or_insert(0) += 1;
+        }
+    }
+    out
 }

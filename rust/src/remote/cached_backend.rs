@@ -134,7 +134,7 @@ impl Backend for CachedBackend {
 
     /// stats: the bucket's objects (None when it cannot be listed just now) and the cache's bytes and bound.
     fn usage(&self) -> Usage {
-        let primary = self.bucket.list_meta().ok().map(|l| (l.len() as u64, l.iter().map(|(_, m)| m.size).sum::<u64>()));
+        let primary = self.bucket.stored().ok();
         Usage { primary, cache: Some((self.cache.used(), self.cache.limit())) }
     }
 

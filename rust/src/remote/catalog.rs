@@ -54,12 +54,14 @@ impl BucketCatalog {
         self.bucket.url()
     }
 
-    /// The bucket's shared lock, then the cache made trustworthy for dedup at the current gc generation.
+    /// The bucket's shared lock, then the pack map and the cache made trustworthy for dedup at the current gc
+    /// generation.
     fn bucket_save_lock(&self) -> Result<LockGuard> {
         let guard = locks::shared(&self.bucket, self.opts.stale_lock, self.opts.lock_wait)?;
         let (gen, _) = locks::generation(&self.bucket)?;
+        self.objects.trust_at(gen)?;
         let objects = self.objects.clone();
-        self.cache.revalidate(gen, move || Ok(objects.list_meta()?.into_iter().map(|(id, _)| id).collect()))?;
+        self.cache.revalidate(gen, move || Ok(objects.list_stamped_all()?.into_iter().map(|(id, _, _)| id).collect()))?;
         Ok(guard)
     }
 

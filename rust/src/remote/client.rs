@@ -112,6 +112,15 @@ impl Bucket {
         self.block_on(self.get_async(rel))
     }
 
+    /// Bytes `range` of `rel` (one ranged GET); None if `rel` does not exist.
+    pub async fn get_range_async(&self, rel: &str, range: std::ops::Range<u64>) -> Result<Option<Bytes>, RemoteError> {
+        match self.store.get_range(&self.path(rel), range).await {
+            Ok(b) => Ok(Some(b)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     pub async fn head_async(&self, rel: &str) -> Result<Option<Meta>, RemoteError> {
         match self.store.head(&self.path(rel)).await {
             Ok(m) => Ok(Some(self.meta(m))),

@@ -10,7 +10,9 @@
 //! | `client.rs` | the bucket client (object_store on a small tokio runtime) |
 //! | `s3.rs` | the S3 client from the AWS environment variables |
 //! | `keys.rs` | object keys and unique suffixes of the bucket layout |
-//! | `bucket_objects.rs` | `BucketObjects`: objects in the bucket, create-if-absent |
+//! | `pack.rs` | the pack: objects uploaded together, with their index and a trailer |
+//! | `pack_map.rs` | `PackMap`: where each packed object lies, from the packs' indexes |
+//! | `bucket_objects.rs` | `BucketObjects`: objects in the bucket, packed, create-if-absent; the prune |
 //! | `lru_cache.rs` | `LruCache`: the local directory of cached objects (LRU bound, trust after a gc elsewhere) |
 //! | `cached_backend.rs` | `CachedBackend`: the `Backend` of a bucket behind the `LruCache` |
 //! | `names.rs` | name records, changed only by compare-and-swap |
@@ -18,7 +20,8 @@
 //! | `sync.rs` | the local index brought up to date from the bucket; `reindex` |
 //! | `catalog.rs` | `BucketCatalog`: the `Catalog` of names, locks and sync in the bucket |
 //!
-//! CONTRACT: bucket layout under the prefix: `config.json` (block size, fixed at creation), `objects/`,
+//! CONTRACT: bucket layout under the prefix: `config.json` (block size, fixed at creation), `packs/` (a save's
+//! objects, with their indexes), `objects/` (loose objects: manifests, and what older versions wrote),
 //! `names/`, `locks/`, `gc-generation`, `quarantine/`. The cache directory holds `index/` (LMDB, a
 //! rebuildable cache of the bucket), `objects/` (cached objects), `remote.json` (which bucket it caches; a
 //! cache directory of another bucket is refused), `lock`.
@@ -38,10 +41,14 @@ mod error;
 mod keys;
 mod locks;
 mod lru_cache;
+mod pack;
+mod pack_map;
 pub mod names;
 mod s3;
 mod sync;
 pub mod url;
+#[cfg(test)]
+mod pack_tests;
 #[cfg(test)]
 mod tests;
 
@@ -139,7 +146,7 @@ pub fn open_with(
         Err(_) => std::fs::write(&marker, &mine).map_err(|e| Error::io(&marker, e))?,
     }
     let cache = Arc::new(LruCache::open(root.clone(), cache_size)?);
-    let bucket_objects = BucketObjects::new(bucket.clone());
+    let bucket_objects = BucketObjects::new(bucket.clone(), opts.stale_lock);
     let objects = ObjectStore::new(Box::new(CachedBackend { cache: cache.clone(), bucket: bucket_objects.clone() }));
     let index = Index::open(&root.join("index"), map_size.max(1 << 20), config.block_size)?;
     let made_with = index.block_size()?;

@@ -15,18 +15,18 @@ use crate::objects::Backend;
 use crate::store::{Store, Target};
 use crate::testutil::{fp, put_synthetic, TempDir};
 
-fn bucket(mem: &Arc<InMemory>) -> Bucket {
+pub(super) fn bucket(mem: &Arc<InMemory>) -> Bucket {
     Bucket::new(mem.clone(), &url::parse("s3://test-bucket/team").unwrap()).unwrap()
 }
 
-fn quick() -> RemoteOptions {
+pub(super) fn quick() -> RemoteOptions {
     RemoteOptions { stale_lock: Duration::from_secs(600), lock_wait: Duration::from_millis(600), sync_interval: Duration::from_secs(1) }
 }
 
 /// One machine: a store over the bucket, and its catalog (for the tests that look inside).
-struct Machine {
-    store: Store,
-    cat: Arc<BucketCatalog>,
+pub(super) struct Machine {
+    pub(super) store: Store,
+    pub(super) cat: Arc<BucketCatalog>,
 }
 
 impl std::ops::Deref for Machine {
@@ -36,13 +36,13 @@ impl std::ops::Deref for Machine {
     }
 }
 
-fn machine(mem: &Arc<InMemory>, d: &TempDir, limit: Option<u64>, opts: RemoteOptions) -> Machine {
+pub(super) fn machine(mem: &Arc<InMemory>, d: &TempDir, limit: Option<u64>, opts: RemoteOptions) -> Machine {
     let p = open_with(bucket(mem), &d.0, limit, 16, 1 << 26, opts).unwrap();
     let cat = p.catalog.clone();
     Machine { store: Store::from_parts(p.root, p.index, p.objects, p.catalog, 1).unwrap(), cat }
 }
 
-fn load(s: &Store, name: &str) -> crate::store::Loaded {
+pub(super) fn load(s: &Store, name: &str) -> crate::store::Loaded {
     s.load(&Target::Name { namespace: "", name }, None).unwrap()
 }
 

@@ -1,0 +1,165 @@
+//! `PackMap`: where each packed object of the bucket lies, learned from the packs' indexes (`pack.rs`) and
+//! kept in memory; rebuilt from the bucket by one listing of `packs/` and a GET of each index not yet known.
+//!
+//! CONTRACT: a pack counts only once both it and its index are listed (they are PUT together, so either may
+//! land first; a save commits its name only after both). An object in several packs (a repack killed before
+//! it deleted the old pack, or two machines saving the same block at once) has one canonical copy, in the
+//! newest pack (ties: the larger pack id); the other copies are garbage that the next prune drops. A pack
+//! whose index does not match its length is left out (its objects read as absent, so a save uploads them
+//! again). The map is a cache: every read of a pack that vanished meanwhile (a prune elsewhere) refreshes it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::RwLock;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::client::{Bucket, Meta};
+use super::error::RemoteError;
+use super::keys::{index_key, PACKS};
+use super::pack::{self, Entry};
+use crate::id::ObjectId;
+
+/// One pack as its index describes it.
+#[derive(Debug, Clone)]
+pub struct PackInfo {
+    /// The index's LastModified (the bucket's clock; our own clock for a pack we just uploaded).
+    pub modified: SystemTime,
+    pub entries: Vec<Entry>,
+}
+
+/// Where a packed object's canonical copy lies.
+#[derive(Debug, Clone, Copy)]
+pub struct Located {
+    pub pack: ObjectId,
+    pub entry: Entry,
+    pub modified: SystemTime,
+}
+
+/// What a listing of `packs/` found besides whole packs: a pack without its index or an index without its
+/// pack (a save killed between its PUTs, or an index deleted by hand); the prune deals with them once old.
+pub type Orphans = Vec<Meta>;
+
+#[derive(Default)]
+struct State {
+    packs: HashMap<ObjectId, PackInfo>,
+    /// Object id -> (pack, entry) of its canonical copy.
+    objects: HashMap<ObjectId, (ObjectId, Entry)>,
+    refreshed: Option<Instant>,
+}
+
+impl State {
+    fn rebuild(&mut self) {
+        let mut newest: HashMap<ObjectId, (SystemTime, ObjectId, Entry)> = HashMap::new();
+        for (pid, info) in &self.packs {
+            for e in &info.entries {
+                let cand = (info.modified, *pid, *e);
+                match newest.get(&e.id) {
+                    Some(have) if (have.0, have.1 .0) >= (cand.0, cand.1 .0) => {}
+                    _ => {
+                        newest.insert(e.id, cand);
+                    }
+                }
+            }
+        }
+        self.objects = newest.into_iter().map(|(id, (_, p, e))| (id, (p, e))).collect();
+    }
+}
+
+#[derive(Default)]
+pub struct PackMap {
+    state: RwLock<State>,
+}
+
+impl PackMap {
+    pub fn locate(&self, id: &ObjectId) -> Option<Located> {
+        let s = self.state.read().expect("pack map lock");
+        let (pack, entry) = *s.objects.get(id)?;
+        Some(Located { pack, entry, modified: s.packs[&pack].modified })
+    }
+
+    /// A pack this process just uploaded (with its index).
+    pub fn add(&self, pack: ObjectId, info: PackInfo) {
+        let mut s = self.state.write().expect("pack map lock");
+        s.packs.insert(pack, info);
+        s.rebuild();
+    }
+
+    /// A pack this process just deleted.
+    pub fn remove(&self, packs: &[ObjectId]) {
+        let mut s = self.state.write().expect("pack map lock");
+        for p in packs {
+            s.packs.remove(p);
+        }
+        s.rebuild();
+    }
+
+    /// Every pack and its entries (a prune's plan is made on this).
+    pub fn packs(&self) -> Vec<(ObjectId, PackInfo)> {
+        self.state.read().expect("pack map lock").packs.iter().map(|(p, i)| (*p, i.clone())).collect()
+    }
+
+    /// Every object's canonical copy.
+    pub fn objects(&self) -> Vec<Located> {
+        let s = self.state.read().expect("pack map lock");
+        s.objects.iter().map(|(_, &(pack, entry))| Located { pack, entry, modified: s.packs[&pack].modified }).collect()
+    }
+
+    /// Whether `id`'s canonical copy is in `pack`.
+    pub fn is_canonical(&self, id: &ObjectId, pack: &ObjectId) -> bool {
+        self.state.read().expect("pack map lock").objects.get(id).is_some_and(|(p, _)| p == pack)
+    }
+
+    /// Refresh unless that was done less than `every` ago; true if it listed the bucket.
+    pub fn refresh_if_stale(&self, bucket: &Bucket, every: Duration) -> Result<bool, RemoteError> {
+        let fresh = self.state.read().expect("pack map lock").refreshed.is_some_and(|t| t.elapsed() < every);
+        if fresh {
+            return Ok(false);
+        }
+        self.refresh(bucket)?;
+        Ok(true)
+    }
+
+    /// List `packs/`, read the indexes not yet known, forget packs that are gone; returns the orphans seen.
+    pub fn refresh(&self, bucket: &Bucket) -> Result<Orphans, RemoteError> {
+        let listed = bucket.list(PACKS)?;
+        let mut pack_meta: HashMap<ObjectId, Meta> = HashMap::new();
+        let mut index_meta: HashMap<ObjectId, Meta> = HashMap::new();
+        for m in listed {
+            let Some(file) = m.rel.rsplit('/').next() else { continue };
+            match file.strip_suffix(".idx") {
+                Some(hex) => hex.parse().ok().map(|id| index_meta.insert(id, m)),
+                None => file.parse().ok().map(|id| pack_meta.insert(id, m)),
+            };
+        }
+        let lone = |mine: &HashMap<ObjectId, Meta>, other: &HashMap<ObjectId, Meta>| -> Orphans {
+            mine.iter().filter(|(id, _)| !other.contains_key(id)).map(|(_, m)| m.clone()).collect()
+        };
+        let orphans: Orphans = [lone(&pack_meta, &index_meta), lone(&index_meta, &pack_meta)].concat();
+        let whole: Vec<ObjectId> = pack_meta.keys().filter(|id| index_meta.contains_key(id)).copied().collect();
+        let known: HashSet<ObjectId> = self.state.read().expect("pack map lock").packs.keys().copied().collect();
+        let unknown: Vec<ObjectId> = whole.iter().filter(|id| !known.contains(id)).copied().collect();
+        let read = bucket.run_all(unknown, super::bucket_objects::PARALLEL, |id| async move {
+            Ok((id, bucket.get_async(&index_key(&id)).await?))
+        })?;
+        let mut s = self.state.write().expect("pack map lock");
+        let keep: HashSet<ObjectId> = whole.iter().copied().collect();
+        s.packs.retain(|id, _| keep.contains(id));
+        for (id, got) in read {
+            let Some((bytes, meta)) = got else { continue }; // deleted since the listing
+            let Ok((entries, data_len)) = pack::decode_index(&bytes) else { continue };
+            let size = pack_meta[&id].size;
+            if pack::pack_len(data_len, entries.len()) != size {
+                continue;
+            }
+            s.packs.insert(id, PackInfo { modified: meta.modified, entries });
+        }
+        // A pack we uploaded carries our clock until now: take the bucket's, as every other machine does.
+        for (id, info) in s.packs.iter_mut() {
+            if let Some(m) = index_meta.get(id) {
+                info.modified = m.modified;
+            }
+        }
+        s.rebuild();
+        s.refreshed = Some(Instant::now());
+        Ok(orphans)
+    }
+}

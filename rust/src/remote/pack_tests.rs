@@ -1,0 +1,181 @@
+//! Unit tests of packs in the bucket (`pack.rs`, `pack_map.rs`, `bucket_objects.rs`) against
+//! `object_store::memory::InMemory`, with machines as `tests.rs` assembles them.
+//!
+//! CONTRACT: test code only.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::memory::InMemory;
+
+use super::bucket_objects::packs_of;
+use super::tests::{load, machine, quick, Machine};
+use super::*;
+use crate::id::ObjectId;
+use crate::objects::Backend;
+use crate::testutil::{fp, put_synthetic, TempDir};
+
+/// (packs, lone indexes or packs, loose objects) in the bucket.
+fn layout(m: &Machine) -> (Vec<String>, usize, Vec<String>) {
+    let listed = m.cat.bucket.list("packs").unwrap();
+    let idx: HashSet<String> = listed.iter().filter_map(|x| x.rel.strip_suffix(".idx").map(String::from)).collect();
+    let packs: Vec<String> = listed.iter().filter(|x| !x.rel.ends_with(".idx")).map(|x| x.rel.clone()).collect();
+    let lone = packs.iter().filter(|p| !idx.contains(*p)).count() + idx.iter().filter(|i| !packs.contains(i)).count();
+    let loose = m.cat.bucket.list("objects").unwrap().into_iter().map(|x| x.rel).collect();
+    (packs, lone, loose)
+}
+
+/// The bytes under `packs/` beyond the objects the bucket lists (each once): with no garbage and no copy,
+/// only each pack's index (twice: in the pack and alone) and its trailer.
+fn overhead(m: &Machine) -> (u64, u64) {
+    let listed = m.cat.bucket.list("packs").unwrap();
+    let total: u64 = listed.iter().map(|x| x.size).sum();
+    let objects = m.cat.objects.list_stamped_all().unwrap();
+    let live: u64 = objects.iter().map(|(_, _, l)| *l).sum();
+    let packs = listed.iter().filter(|x| !x.rel.ends_with(".idx")).count() as u64;
+    (total - live, packs * (2 * 17 + 8) + objects.len() as u64 * 2 * 44)
+}
+
+fn objects_of(m: &Machine, name: &str) -> Vec<ObjectId> {
+    let l = load(m, name);
+    let mut ids: Vec<ObjectId> = l.manifest.blocks.clone();
+    ids.push(l.manifest.skeleton);
+    ids
+}
+
+#[test]
+fn a_save_goes_up_as_one_pack_and_a_cold_machine_reads_it_back() {
+    let mem = Arc::new(InMemory::new());
+    let (da, db) = (TempDir::new("pa"), TempDir::new("pb"));
+    let (a, b) = (machine(&mem, &da, None, quick()), machine(&mem, &db, None, quick()));
+    let f = fp(&[]);
+    let toks: Vec<i32> = (0..80).collect();
+    let r = put_synthetic(&a, "x", "", &toks, &f);
+    assert_eq!(r.new_objects, 5 + 2);
+    let (packs, lone, loose) = layout(&a);
+    assert_eq!((packs.len(), lone), (1, 0), "{packs:?}");
+    assert!(loose.is_empty(), "nothing is loose: {loose:?}");
+    let mut ids = objects_of(&a, "x");
+    ids.push(r.manifest_id.parse().unwrap());
+    assert_eq!(packs_of(&a.cat.objects, &ids).into_values().collect::<Vec<_>>(), vec![7]);
+    // B has never listed the packs: its reads find the pack, then read every object by one ranged GET.
+    assert_eq!(load(&b, "x").manifest.tokens, toks);
+    let got = b.cat.objects.download(ids.clone()).unwrap();
+    for (id, g) in ids.iter().zip(&got) {
+        let bytes = g.as_ref().expect("downloaded");
+        assert_eq!(bytes, &a.cat.objects.get(id).unwrap().unwrap()[..]);
+    }
+    assert_eq!(b.cat.objects.download(vec![ObjectId([7; 32])]).unwrap(), vec![None]);
+    let v = b.verify_where(crate::store::Where::Bucket, &mut |_, _| Ok(())).unwrap();
+    assert!(v.corrupt.is_empty() && v.missing.is_empty() && v.objects_checked >= 7, "{v:?}");
+}
+
+#[test]
+fn a_gc_rewrites_a_pack_without_its_dead_objects_and_leaves_no_garbage() {
+    let mem = Arc::new(InMemory::new());
+    let (da, db, dc) = (TempDir::new("ga"), TempDir::new("gb"), TempDir::new("gc"));
+    let (a, b, c) = (machine(&mem, &da, None, quick()), machine(&mem, &db, None, quick()), machine(&mem, &dc, None, quick()));
+    let f = fp(&[]);
+    put_synthetic(&a, "x", "", &(0..80).collect::<Vec<_>>(), &f);
+    let mut y: Vec<i32> = (0..48).collect();
+    y.extend(1000..1032);
+    let ry = put_synthetic(&a, "y", "", &y, &f);
+    assert_eq!(ry.new_objects, 2 + 2, "{ry:?}"); // 3 blocks shared with x
+    let (before, _, _) = layout(&a);
+    assert_eq!(before.len(), 2);
+    // C lists the packs now (so its map names x's pack), reads nothing yet.
+    c.cat.objects.list_stamped_all().unwrap();
+    a.remove("x", "").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let g = crate::gc::gc(&b, Duration::ZERO, false).unwrap();
+    assert_eq!(g.dead_objects, 2 + 1 + 1, "{g:?}"); // x's 2 own blocks, skeleton, manifest
+    let (after, lone, _) = layout(&b);
+    assert_eq!((after.len(), lone), (2, 0), "{after:?}");
+    assert_eq!(after.iter().filter(|p| before.contains(p)).count(), 1, "x's pack was rewritten, y's kept");
+    // Every byte of every pack is a live object's (besides each pack's index and trailer).
+    let (beyond, indexes) = overhead(&b);
+    assert_eq!(beyond, indexes, "bytes of packs beyond the live objects");
+    // C still names the old pack: its read misses, lists again, and finds the survivors.
+    assert_eq!(load(&c, "y").manifest.tokens, y);
+    let dry = crate::gc::gc(&a, Duration::ZERO, true).unwrap();
+    assert_eq!(dry.dead_objects, 0, "{dry:?}");
+    let v = c.verify_where(crate::store::Where::Bucket, &mut |_, _| Ok(())).unwrap();
+    assert!(v.corrupt.is_empty() && v.missing.is_empty(), "{v:?}");
+}
+
+#[test]
+fn duplicates_from_a_killed_repack_read_fine_and_the_next_prune_drops_them() {
+    let mem = Arc::new(InMemory::new());
+    let da = TempDir::new("da");
+    let a = machine(&mem, &da, None, quick());
+    let f = fp(&[]);
+    put_synthetic(&a, "x", "", &(0..80).collect::<Vec<_>>(), &f);
+    let ids = objects_of(&a, "x");
+    // A repack killed after its upload: some of x's objects are in a second pack too.
+    let copies: Vec<(ObjectId, bytes::Bytes)> =
+        ids[..3].iter().map(|id| (*id, bytes::Bytes::from(a.cat.objects.get(id).unwrap().unwrap()))).collect();
+    a.cat.objects.upload(copies).unwrap();
+    assert_eq!(layout(&a).0.len(), 2);
+    let db = TempDir::new("db");
+    let b = machine(&mem, &db, None, quick());
+    assert_eq!(load(&b, "x").manifest.n_tokens, 80);
+    assert_eq!(b.cat.objects.list_stamped_all().unwrap().len(), 7, "each object listed once");
+    std::thread::sleep(Duration::from_millis(20));
+    let g = crate::gc::gc(&b, Duration::ZERO, false).unwrap();
+    assert_eq!(g.dead_objects, 0, "{g:?}");
+    let mut per_pack: Vec<usize> = packs_of(&b.cat.objects, &ids).into_values().collect();
+    per_pack.sort();
+    let (packs, _, _) = layout(&b);
+    assert_eq!(packs.len(), per_pack.len(), "no pack holds only copies: {packs:?} {per_pack:?}");
+    let (beyond, indexes) = overhead(&b);
+    assert_eq!(beyond, indexes, "the copies are gone");
+    assert_eq!(load(&b, "x").manifest.n_tokens, 80);
+}
+
+#[test]
+fn a_lost_index_is_rebuilt_from_its_pack_and_a_lone_index_goes() {
+    let mem = Arc::new(InMemory::new());
+    let da = TempDir::new("ia");
+    let opts = RemoteOptions { stale_lock: Duration::from_millis(50), ..quick() };
+    let a = machine(&mem, &da, None, opts);
+    let f = fp(&[]);
+    put_synthetic(&a, "x", "", &(0..80).collect::<Vec<_>>(), &f);
+    let (packs, _, _) = layout(&a);
+    let idx = format!("{}.idx", packs[0]);
+    a.cat.bucket.delete(&idx).unwrap();
+    a.cat.bucket.put(&format!("packs/ab/{}.idx", "ab".repeat(32)), bytes::Bytes::from_static(b"KVPI")).unwrap();
+    assert_eq!(layout(&a).1, 2);
+    // A machine that never saw the index cannot find the blocks, and says so.
+    let db = TempDir::new("ib");
+    let b = machine(&mem, &db, None, opts);
+    let e = b.load(&crate::store::Target::Name { namespace: "", name: "x" }, None).err().unwrap();
+    assert!(e.to_string().contains("missing"), "{e}");
+    std::thread::sleep(Duration::from_millis(100));
+    crate::gc::gc(&a, Duration::from_secs(600), false).unwrap(); // grace: the rebuilt objects stay
+    assert_eq!(layout(&a).1, 0, "index rebuilt, lone index deleted");
+    assert!(a.cat.bucket.head(&idx).unwrap().is_some());
+    let dc = TempDir::new("ic");
+    assert_eq!(load(&machine(&mem, &dc, None, opts), "x").manifest.n_tokens, 80);
+}
+
+#[test]
+fn a_quarantined_packed_object_leaves_its_pack_and_the_next_save_repairs_it() {
+    let mem = Arc::new(InMemory::new());
+    let da = TempDir::new("qa");
+    let a = machine(&mem, &da, None, quick());
+    let f = fp(&[]);
+    let toks: Vec<i32> = (0..80).collect();
+    put_synthetic(&a, "x", "", &toks, &f);
+    let ids = objects_of(&a, "x");
+    a.cat.objects.quarantine(&ids[1]).unwrap();
+    assert_eq!(a.cat.bucket.list("quarantine").unwrap().len(), 1);
+    assert!(a.cat.objects.download(vec![ids[1]]).unwrap()[0].is_none());
+    let rest: HashSet<ObjectId> = ids.iter().copied().filter(|id| *id != ids[1]).collect();
+    assert_eq!(packs_of(&a.cat.objects, &rest.iter().copied().collect::<Vec<_>>()).values().sum::<usize>(), 5);
+    let db = TempDir::new("qb");
+    let b = machine(&mem, &db, None, quick());
+    let r = put_synthetic(&b, "x2", "", &toks, &f);
+    assert_eq!(r.new_objects, 1, "the quarantined block (the manifest is x's): {r:?}");
+    assert_eq!(load(&b, "x").manifest.tokens, toks);
+}
