@@ -25,15 +25,14 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use rayon::prelude::*;
 
-use super::client::{Bucket, Meta};
+use super::client::{Bucket, Meta, PARALLEL};
 use super::keys::{index_key, object_key, pack_key, unique_suffix};
 use super::pack::{self, Entry};
 use super::pack_map::{Located, PackInfo, PackMap};
+use super::prune;
 use crate::id::ObjectId;
 use crate::objects::{Backend, ObjectError, Stamped};
 
-/// Requests in flight for a batch of uploads or downloads.
-pub const PARALLEL: usize = 16;
 /// A save's objects go up in packs of about this many bytes (several upload at once).
 pub const PACK_TARGET: usize = 16 << 20;
 /// A read of many objects asks for ranges of at least this many bytes ...
@@ -146,12 +145,19 @@ impl BucketObjects {
                 None => left.push(k),
             }
         }
-        let spans = plan_spans(wanted);
+        left.extend(self.read_spans(wanted, out)?);
+        Ok(left)
+    }
+
+    /// Read these (pack, slot, entry)s by ranged GETs (`plan_spans`) into `out[slot]`; returns the slots whose
+    /// range was not there (a pack deleted or rewritten since it was listed).
+    fn read_spans(&self, wanted: Vec<(ObjectId, usize, Entry)>, out: &mut [Option<Bytes>]) -> Result<Vec<usize>, ObjectError> {
         let b = &*self.bucket;
-        let got = b.run_all(spans, PARALLEL, |s| async move {
+        let got = b.run_all(plan_spans(wanted), PARALLEL, |s| async move {
             let bytes = b.get_range_async(&pack_key(&s.pack), s.start..s.end).await?;
             Ok((s, bytes))
         })?;
+        let mut missed = Vec::new();
         for (s, bytes) in got {
             match bytes {
                 Some(bytes) if bytes.len() as u64 == s.end - s.start => {
@@ -160,10 +166,10 @@ impl BucketObjects {
                         out[k] = Some(bytes.slice(at..at + e.len as usize));
                     }
                 }
-                _ => left.extend(s.parts.iter().map(|(k, _)| *k)),
+                _ => missed.extend(s.parts.iter().map(|(k, _)| *k)),
             }
         }
-        Ok(left)
+        Ok(missed)
     }
 
     /// Every object id in the bucket: packed ones (after a fresh listing of the packs) and loose ones.
@@ -212,46 +218,21 @@ impl BucketObjects {
         Ok(encoded)
     }
 
-    /// The prune: remove `doomed` objects (and duplicate copies) from their packs, delete old orphans and the
-    /// doomed loose objects. Planned on a fresh listing, then executed pack batch by pack batch.
+    /// The prune: remove `doomed` objects (and duplicate copies) from their packs, give old lone packs their
+    /// index back, delete old lone indexes and the doomed loose objects. Planned (`prune.rs`) on a fresh
+    /// listing, then executed batch by batch: survivors up first, then the old packs go (index first, so no
+    /// reader trusts a pack being deleted for longer than one listing).
     fn prune(&self, doomed: &[ObjectId]) -> Result<(), ObjectError> {
         let orphans = self.packs.refresh(&self.bucket)?;
-        let doomed: HashSet<ObjectId> = doomed.iter().copied().collect();
-        // The plan: per pack, what survives; a pack with nothing to drop is left alone.
-        let mut rewrite: Vec<(ObjectId, Vec<Entry>)> = Vec::new();
-        let mut packed: HashSet<ObjectId> = HashSet::new();
-        for (pid, info) in self.packs.packs() {
-            let keep: Vec<Entry> =
-                info.entries.iter().filter(|e| !doomed.contains(&e.id) && self.packs.is_canonical(&e.id, &pid)).copied().collect();
-            packed.extend(info.entries.iter().map(|e| e.id));
-            if keep.len() < info.entries.len() {
-                rewrite.push((pid, keep));
-            }
+        let plan = prune::plan(&self.packs, orphans, doomed, self.orphan_age, REPACK_BATCH, object_key);
+        for batch in plan.rewrites {
+            self.repack(batch)?;
         }
-        // Execute: survivors up first, then the old packs go (index first, so no reader trusts a pack being
-        // deleted for longer than one listing).
-        let mut batch: Vec<(ObjectId, Vec<Entry>)> = Vec::new();
-        let mut batch_bytes = 0usize;
-        for (pid, keep) in rewrite {
-            batch_bytes += keep.iter().map(|e| e.len as usize).sum::<usize>();
-            batch.push((pid, keep));
-            if batch_bytes >= REPACK_BATCH {
-                self.repack(std::mem::take(&mut batch))?;
-                batch_bytes = 0;
-            }
+        for m in &plan.lone_packs {
+            self.rebuild_index(m)?;
         }
-        self.repack(batch)?;
-        let now = SystemTime::now();
-        let old = |m: &Meta| now.duration_since(m.modified).unwrap_or_default() > self.orphan_age;
-        let (lone_indexes, lone_packs): (Vec<Meta>, Vec<Meta>) =
-            orphans.into_iter().filter(old).partition(|m| m.rel.ends_with(".idx"));
-        for m in lone_packs {
-            self.rebuild_index(&m)?;
-        }
-        let mut gone: Vec<String> = lone_indexes.into_iter().map(|m| m.rel).collect();
-        gone.extend(doomed.iter().filter(|id| !packed.contains(id)).map(object_key));
         let b = &*self.bucket;
-        b.run_all(gone, PARALLEL, |key| async move { b.delete_async(&key).await })?;
+        b.run_all(plan.deletes, PARALLEL, |key| async move { b.delete_async(&key).await })?;
         Ok(())
     }
 
@@ -277,28 +258,18 @@ impl BucketObjects {
         if batch.is_empty() {
             return Ok(());
         }
-        let wanted: Vec<(ObjectId, usize, Entry)> =
-            batch.iter().flat_map(|(pid, keep)| keep.iter().map(move |e| (*pid, 0, *e))).enumerate().map(|(k, (p, _, e))| (p, k, e)).collect();
-        let mut got: Vec<Option<Bytes>> = vec![None; wanted.len()];
-        let b = &*self.bucket;
-        let spans = plan_spans(wanted.clone());
-        for (s, bytes) in b.run_all(spans, PARALLEL, |s| async move {
-            let bytes = b.get_range_async(&pack_key(&s.pack), s.start..s.end).await?;
-            Ok((s, bytes))
-        })? {
-            let Some(bytes) = bytes else { continue };
-            for (k, e) in s.parts {
-                let at = (e.offset - s.start) as usize;
-                got[k] = bytes.get(at..at + e.len as usize).map(|_| bytes.slice(at..at + e.len as usize));
-            }
-        }
-        if let Some(k) = got.iter().position(|g| g.is_none()) {
+        let survivors: Vec<(ObjectId, Entry)> =
+            batch.iter().flat_map(|(pid, keep)| keep.iter().map(move |e| (*pid, *e))).collect();
+        let mut got: Vec<Option<Bytes>> = vec![None; survivors.len()];
+        let wanted = survivors.iter().enumerate().map(|(k, (pid, e))| (*pid, k, *e)).collect();
+        if let Some(&k) = self.read_spans(wanted, &mut got)?.first() {
             // The pack changed under the plan (a prune elsewhere, which the gc lock should exclude): stop before
             // deleting anything.
-            return Err(ObjectError::Missing { id: wanted[k].2.id });
+            return Err(ObjectError::Missing { id: survivors[k].1.id });
         }
-        let items: Vec<(ObjectId, Bytes)> = wanted.iter().zip(got).map(|((_, _, e), g)| (e.id, g.expect("checked above"))).collect();
+        let items = survivors.iter().zip(got).map(|((_, e), g)| (e.id, g.expect("every slot read"))).collect();
         self.upload(items)?;
+        let b = &*self.bucket;
         let old: Vec<ObjectId> = batch.iter().map(|(p, _)| *p).collect();
         b.run_all(old.clone(), PARALLEL, |p| async move { b.delete_async(&index_key(&p)).await })?;
         b.run_all(old.clone(), PARALLEL, |p| async move { b.delete_async(&pack_key(&p)).await })?;

@@ -18,6 +18,9 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
 use super::error::RemoteError;
 use super::url::BucketUrl;
 
+/// Requests in flight for a batch of uploads, downloads or deletes (`Bucket::run_all`'s usual limit).
+pub const PARALLEL: usize = 16;
+
 /// What a listing or a head tells about one key.
 #[derive(Debug, Clone)]
 pub struct Meta {

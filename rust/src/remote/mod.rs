@@ -12,7 +12,8 @@
 //! | `keys.rs` | object keys and unique suffixes of the bucket layout |
 //! | `pack.rs` | the pack: objects uploaded together, with their index and a trailer |
 //! | `pack_map.rs` | `PackMap`: where each packed object lies, from the packs' indexes |
-//! | `bucket_objects.rs` | `BucketObjects`: objects in the bucket, packed, create-if-absent; the prune |
+//! | `prune.rs` | the prune's plan: which packs are rewritten with what, which orphans are mended or deleted |
+//! | `bucket_objects.rs` | `BucketObjects`: objects in the bucket, packed, create-if-absent; the prune executed |
 //! | `lru_cache.rs` | `LruCache`: the local directory of cached objects (LRU bound, trust after a gc elsewhere) |
 //! | `cached_backend.rs` | `CachedBackend`: the `Backend` of a bucket behind the `LruCache` |
 //! | `names.rs` | name records, changed only by compare-and-swap |
@@ -43,6 +44,7 @@ mod locks;
 mod lru_cache;
 mod pack;
 mod pack_map;
+mod prune;
 pub mod names;
 mod s3;
 mod sync;

@@ -137,7 +137,7 @@ impl PackMap {
         let whole: Vec<ObjectId> = pack_meta.keys().filter(|id| index_meta.contains_key(id)).copied().collect();
         let known: HashSet<ObjectId> = self.state.read().expect("pack map lock").packs.keys().copied().collect();
         let unknown: Vec<ObjectId> = whole.iter().filter(|id| !known.contains(id)).copied().collect();
-        let read = bucket.run_all(unknown, super::bucket_objects::PARALLEL, |id| async move {
+        let read = bucket.run_all(unknown, super::client::PARALLEL, |id| async move {
             Ok((id, bucket.get_async(&index_key(&id)).await?))
         })?;
         let mut s = self.state.write().expect("pack map lock");

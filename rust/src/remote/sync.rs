@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::bucket_objects::PARALLEL;
+use super::client::PARALLEL;
 use super::client::Bucket;
 use super::names::{self, RemoteName};
 use crate::catalog::SyncReport;
