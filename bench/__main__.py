@@ -199,7 +199,9 @@ def table(results: dict) -> str:
                          f"copy {r['copy']} (**{rc['local_restore_vs_copy']}x**); bucket cold cache "
                          f"{r['bucket_cold_restore']} vs one GET of the stored bytes {r['one_get_of_stored_bytes']} "
                          f"(**{rc['cold_restore_vs_one_get']}x**); bucket warm cache {r['bucket_warm_restore']} "
-                         f"(**{rc['warm_restore_vs_local']}x** local).")
+                         f"(**{rc['warm_restore_vs_local']}x** local). What the bucket adds to a restore (cold minus "
+                         f"warm): {(rc['s']['cold_restore'] - rc['s']['warm_restore']) * 1e3:.0f} ms, one GET of the "
+                         f"stored bytes {rc['s']['one_get'] * 1e3:.0f} ms.")
         st = block.get("storage")
         if st:
             mb = st["mb_per_s"]
