@@ -134,27 +134,15 @@ def s3core(model: str, wd: Path) -> dict:
     """The restore path's speed against a bucket (bench/remote_core.py) for one real slot file, in this run's
     SeaweedFS: local and bucket restores (cold and warm cache) next to a page-cache copy of the file and one GET of
     as many bytes as the state stores."""
-    import os
     import uuid
 
     from . import remote_core
-    from .targets import BUCKET, seaweed
+    from .targets import BUCKET, bucket_env, seaweed
 
     files = storage.make_family(model, wd / "files", 600, 1)
     aws = seaweed().env({})  # only the variables pointing at this run's SeaweedFS
-    keys = set(aws) | {"AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE"}
-    old = {k: os.environ.get(k) for k in keys}
-    for k in keys:
-        os.environ.pop(k, None)
-    os.environ.update(aws)
-    try:
+    with bucket_env(aws, drop=("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE")):
         return remote_core.measure(f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", str(files[-1]))
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def table(results: dict) -> str:
@@ -249,7 +237,8 @@ def main(argv=None) -> int:
             if wl == "batch":
                 wd = workdir()
                 try:
-                    block["batch"] = batch.run(path, wd, cfg["parallel"], cfg["ctx_size"], cfg["batch"])
+                    block["batch"] = batch.run(path, wd, cfg["parallel"], cfg["ctx_size"], cfg["batch"],
+                                               always="kvalways" in (args.targets or ()))
                 finally:
                     cleanup(wd)
                 continue

@@ -42,14 +42,19 @@ def _batch(url: str, inp: Path, out: Path, concurrency: int, *extra: str) -> dic
     return json.loads(summary.read_text())
 
 
-def run(model: str, workdir: Path, parallel: int, ctx_size: int, p: dict) -> list[dict]:
+def run(model: str, workdir: Path, parallel: int, ctx_size: int, p: dict, always: bool = False) -> list[dict]:
+    """`always`: one more row, `kvstore serve --restore-policy always` (the token path without the cost model,
+    which on a tiny model recomputes what it could restore)."""
     inp = workdir / "batch.jsonl"
     n = write_file(inp, p)
     concurrency = p.get("concurrency") or parallel
     rows = []
-    for label, target, extra in (("kvstore batch (shuffled file)", "kvstore", ()),
-                                 ("llama-server, file order", "plain", ("--keep-order",)),
-                                 ("llama-server, article-major", "plain", ())):
+    runs = [("kvstore batch (shuffled file)", "kvstore", ()),
+            ("llama-server, file order", "plain", ("--keep-order",)),
+            ("llama-server, article-major", "plain", ())]
+    if always:
+        runs.insert(1, ("kvstore batch, --restore-policy always", "kvalways", ()))
+    for label, target, extra in runs:
         wd = workdir / label.split()[0].replace(",", "") / str(len(rows))
         wd.mkdir(parents=True)
         t = Target(TARGETS[target], model, parallel, ctx_size, wd)
@@ -61,7 +66,7 @@ def run(model: str, workdir: Path, parallel: int, ctx_size: int, p: dict) -> lis
         rows.append(s)
         print(f"  batch {label:32s} evaluated {s['evaluated']:7d}  ideal {s['ideal']}  wall {s['wall_s']}s  "
               f"errors {s['errors']}", file=sys.stderr, flush=True)
-    base = rows[1]
+    base = next(r for r in rows if r["label"] == "llama-server, file order")
     for r in rows:
         r["wall_vs_plain_same_order"] = round(r["wall_s"] / base["wall_s"], 3) if base["wall_s"] else None
     return rows

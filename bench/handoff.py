@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import text
 from .client import complete, tokenize
-from .targets import BUCKET, TARGETS, Target, seaweed
+from .targets import BUCKET, TARGETS, Target, bucket_env, seaweed
 
 
 def _get(url: str) -> dict:
@@ -85,9 +85,7 @@ def _throughput(target: Target, work: Path, repeats: int = 3) -> dict:
     import kvstore
 
     sw = seaweed()
-    saved = {k: os.environ.get(k) for k in target.env}  # the bench process talks to the bucket only here
-    os.environ.update(target.env)
-    try:
+    with bucket_env(target.env):  # the bench process talks to the bucket only here
         best: dict = {}
         for rep in range(repeats):
             st = kvstore.open_store(target.remote, cache=work / f"probe{rep}")
@@ -104,12 +102,6 @@ def _throughput(target: Target, work: Path, repeats: int = 3) -> dict:
             t0 = time.perf_counter()
             sw.get_object(BUCKET, key)
             best["get"] = min(best.get("get", 1e9), time.perf_counter() - t0)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     file_bytes = int(cold["file_bytes"])
     return {"state_file_bytes": file_bytes, "bucket_bytes_read": n_read, "objects_read": cold.get("objects_read"),
             "restore_cold_s": round(best["cold"], 4), "restore_warm_s": round(best["warm"], 4),

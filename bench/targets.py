@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -35,6 +37,24 @@ def seaweed():
         sw.create_bucket(BUCKET)
         _seaweed = sw
     return _seaweed
+
+
+@contextlib.contextmanager
+def bucket_env(env: dict, drop: tuple = ()):
+    """This process talks to the run's bucket inside the block: `env` set (and `drop` unset), all restored after."""
+    keys = set(env) | set(drop)
+    saved = {k: os.environ.get(k) for k in keys}
+    for k in drop:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass
