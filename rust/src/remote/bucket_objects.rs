@@ -172,34 +172,35 @@ impl BucketObjects {
         Ok(missed)
     }
 
-    /// Every object id in the bucket: packed ones (after a fresh listing of the packs) and loose ones.
-    fn listing(&self) -> Result<(Vec<Stamped>, Vec<Meta>), ObjectError> {
-        self.packs.refresh(&self.bucket)?;
-        let packed: Vec<Stamped> = self.packs.objects().into_iter().map(|l| (l.entry.id, l.modified, l.entry.len as u64)).collect();
-        let loose = self.bucket.list("objects")?;
-        Ok((packed, loose))
-    }
-
-    /// Every object with its LastModified and length: packed ones once (their pack's time), loose ones not
-    /// also packed.
-    pub fn list_stamped_all(&self) -> Result<Vec<Stamped>, ObjectError> {
-        let (mut out, loose) = self.listing()?;
+    /// Every object once with its LastModified and length (packed ones: their pack's time; loose ones not also
+    /// packed), and the bytes the bucket holds for them (everything under `packs/`, and the loose objects).
+    /// One listing of `packs/` (the pack map refreshed) and one of `objects/`.
+    fn census(&self) -> Result<(Vec<Stamped>, u64), ObjectError> {
+        let listed = self.packs.refresh(&self.bucket)?;
+        let mut out: Vec<Stamped> =
+            self.packs.objects().into_iter().map(|l| (l.entry.id, l.modified, l.entry.len as u64)).collect();
         let packed: HashSet<ObjectId> = out.iter().map(|(id, _, _)| *id).collect();
-        for m in loose {
+        let mut bytes = listed.bytes;
+        for m in self.bucket.list("objects")? {
+            bytes += m.size;
             if let Some(id) = m.rel.rsplit('/').next().and_then(|n| n.parse::<ObjectId>().ok()) {
                 if !packed.contains(&id) {
                     out.push((id, m.modified, m.size));
                 }
             }
         }
-        Ok(out)
+        Ok((out, bytes))
+    }
+
+    /// Every object with its LastModified and length (`census`).
+    pub fn list_stamped_all(&self) -> Result<Vec<Stamped>, ObjectError> {
+        Ok(self.census()?.0)
     }
 
     /// (objects, bytes the bucket holds for them: whole packs with their indexes, and loose objects).
     pub fn stored(&self) -> Result<(u64, u64), ObjectError> {
-        let objects = self.list_stamped_all()?.len() as u64;
-        let bytes = self.bucket.list(super::keys::PACKS)?.iter().chain(&self.bucket.list("objects")?).map(|m| m.size).sum();
-        Ok((objects, bytes))
+        let (objects, bytes) = self.census()?;
+        Ok((objects.len() as u64, bytes))
     }
 
     /// `Backend::put_files`'s work, returning the encoded bytes (None: already present) so that the cache in
@@ -223,8 +224,8 @@ impl BucketObjects {
     /// listing, then executed batch by batch: survivors up first, then the old packs go (index first, so no
     /// reader trusts a pack being deleted for longer than one listing).
     fn prune(&self, doomed: &[ObjectId]) -> Result<(), ObjectError> {
-        let orphans = self.packs.refresh(&self.bucket)?;
-        let plan = prune::plan(&self.packs, orphans, doomed, self.orphan_age, REPACK_BATCH, object_key);
+        let listed = self.packs.refresh(&self.bucket)?;
+        let plan = prune::plan(&self.packs, listed.orphans, doomed, self.orphan_age, REPACK_BATCH, object_key);
         for batch in plan.rewrites {
             self.repack(batch)?;
         }

@@ -8,7 +8,7 @@
 //! trailer = index_len:u32 "KVPK"
 //! ```
 //! The objects are the same encoded (KVOB) bytes as a loose object's, back to back from offset 0; `data_len`
-//! is where they end. The index is also stored alone (`index/<2 hex>/<64 hex>`, same bytes) so that a reader
+//! is where they end. The index is also stored alone (`packs/<2 hex>/<64 hex>.idx`, same bytes) so that a reader
 //! learns where every object is without touching the packs; the trailer lets the index be rebuilt from the
 //! pack itself. `decode_index` checks every entry against `data_len`, so a damaged index never slices out of
 //! the pack (a wrong offset inside it is caught by the object's own hash, as any corrupt object is).

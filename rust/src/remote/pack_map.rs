@@ -47,21 +47,32 @@ struct State {
 }
 
 impl State {
-    fn rebuild(&mut self) {
-        let mut newest: HashMap<ObjectId, (SystemTime, ObjectId, Entry)> = HashMap::new();
-        for (pid, info) in &self.packs {
-            for e in &info.entries {
-                let cand = (info.modified, *pid, *e);
-                match newest.get(&e.id) {
-                    Some(have) if (have.0, have.1 .0) >= (cand.0, cand.1 .0) => {}
-                    _ => {
-                        newest.insert(e.id, cand);
-                    }
-                }
-            }
+    /// Make `entry` of `pack` (already in `packs`) its object's canonical copy if that pack is newer than the
+    /// one named now (ties: the larger pack id).
+    fn offer(&mut self, pack: ObjectId, entry: Entry) {
+        let rank = |p: &ObjectId| (self.packs[p].modified, p.0);
+        let newer = self.objects.get(&entry.id).is_none_or(|(have, _)| rank(&pack) > rank(have));
+        if newer {
+            self.objects.insert(entry.id, (pack, entry));
         }
-        self.objects = newest.into_iter().map(|(id, (_, p, e))| (id, (p, e))).collect();
     }
+
+    /// Every object's canonical copy chosen again (packs were removed, or their times changed).
+    fn rebuild(&mut self) {
+        self.objects.clear();
+        let all: Vec<(ObjectId, Entry)> =
+            self.packs.iter().flat_map(|(p, info)| info.entries.iter().map(move |e| (*p, *e))).collect();
+        for (pack, entry) in all {
+            self.offer(pack, entry);
+        }
+    }
+}
+
+/// What one listing of `packs/` found besides the packs the map now holds.
+pub struct Listed {
+    pub orphans: Orphans,
+    /// Every byte under `packs/`: packs, their indexes and orphans (what the bucket holds for packed objects).
+    pub bytes: u64,
 }
 
 #[derive(Default)]
@@ -76,11 +87,15 @@ impl PackMap {
         Some(Located { pack, entry, modified: s.packs[&pack].modified })
     }
 
-    /// A pack this process just uploaded (with its index).
+    /// A pack this process just uploaded (with its index). Only its own entries are weighed: a save must not
+    /// pay for the size of the bucket.
     pub fn add(&self, pack: ObjectId, info: PackInfo) {
         let mut s = self.state.write().expect("pack map lock");
+        let entries = info.entries.clone();
         s.packs.insert(pack, info);
-        s.rebuild();
+        for entry in entries {
+            s.offer(pack, entry);
+        }
     }
 
     /// A pack this process just deleted.
@@ -118,9 +133,11 @@ impl PackMap {
         Ok(true)
     }
 
-    /// List `packs/`, read the indexes not yet known, forget packs that are gone; returns the orphans seen.
-    pub fn refresh(&self, bucket: &Bucket) -> Result<Orphans, RemoteError> {
+    /// List `packs/`, read the indexes not yet known, forget packs that are gone; returns the orphans seen and
+    /// the bytes listed.
+    pub fn refresh(&self, bucket: &Bucket) -> Result<Listed, RemoteError> {
         let listed = bucket.list(PACKS)?;
+        let bytes = listed.iter().map(|m| m.size).sum();
         let mut pack_meta: HashMap<ObjectId, Meta> = HashMap::new();
         let mut index_meta: HashMap<ObjectId, Meta> = HashMap::new();
         for m in listed {
@@ -160,6 +177,6 @@ impl PackMap {
         }
         s.rebuild();
         s.refreshed = Some(Instant::now());
-        Ok(orphans)
+        Ok(Listed { orphans, bytes })
     }
 }

@@ -13,8 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::client::PARALLEL;
-use super::client::Bucket;
+use super::client::{Bucket, PARALLEL};
 use super::names::{self, RemoteName};
 use crate::catalog::SyncReport;
 use crate::error::Result;
