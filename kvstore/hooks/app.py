@@ -23,6 +23,7 @@ from kvstore import llama
 from kvstore.fingerprint import server_fingerprint
 
 from . import cut
+from .behind import WriteBehind
 from .bound import Bound
 from .cost import CostModel
 from .broker import Broker
@@ -95,6 +96,7 @@ class Hooks:
                     log.info("hooks: saved %d dirty slot(s) on shutdown", n)
                 except Exception as e:  # noqa: BLE001 - report, still close
                     log.error("hooks: saving slots on shutdown failed: %s", e)
+                await self._wired.store.drained()  # the saves written behind, logged if they failed
             await session.aclose()
             await probe.aclose()
 
@@ -141,7 +143,9 @@ class Hooks:
         fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
         transfer = Transfer(up, store, self.sync, self.metrics, n_slots=n_slots, fingerprint=fp,
                             swa_cells=self.cfg.swa_cells, cost=CostModel(self.cfg.assume_prefill_tps, self.cfg.restore_policy))
-        table = SlotTable(n_slots, save=transfer.save, max_queue=self.cfg.max_queue,
+        if self.cfg.saves_behind:
+            store.behind = WriteBehind(limit=n_slots)  # at most one file a slot waiting to be ingested
+        table = SlotTable(n_slots, save=transfer.save, save_behind=transfer.save_behind, max_queue=self.cfg.max_queue,
                           erase=lambda s: up.slot_action(s.id, "erase"),
                           extension_only=lambda: cut.extension_only(transfer.fingerprint, transfer.layout),
                           forks_served=lambda: cut.forks_served(transfer.fingerprint, transfer.layout))

@@ -301,15 +301,16 @@ class Broker:
             own_stored = await self.stored(naming.namespace, naming.name)  # resident at the plan, or not planned
         if parent is not None and own_stored:
             parent = None
-        prefetched = self._prefetch(naming) if own_stored else None
+        prefetched = await self._prefetch(naming, ask.tokens) if own_stored else None
         try:
             async with self.table.acquire(key=naming.key, parent=parent, tokens=ask.tokens,
                                           namespace=naming.namespace, better_than=ask.better_than,
                                           fork=ask.fork) as lease:
                 try:
                     if ask.looked_up and ask.tokens and not lease.resident and self.transfer.saves[naming.namespace] != ask.saves:
-                        # A save landed while this request waited (the state of a request it waited behind, or the
-                        # one its slot held): the longest stored prefix may be longer now.
+                        # A save was made while this request waited (the state of a request it waited behind, or the
+                        # one its slot held): the longest stored prefix may be longer now, once it is ingested.
+                        await self.store.settled_namespace(naming.namespace)
                         ask.hint = await self.lookup(naming.namespace, ask.tokens)
                     kind, n_restored = await self.prepare(lease, naming, tokens_fn, ask.hint, ask.looked_up,
                                                           prefetched)
@@ -322,14 +323,23 @@ class Broker:
             if prefetched is not None:
                 prefetched.close()
 
-    def _prefetch(self, naming: Naming) -> Optional[Prefetch]:
+    async def _prefetch(self, naming: Naming, tokens: Optional[list[int]]) -> Optional[Prefetch]:
         """Overlap the wait: a request whose stored name (the caller checked) is not resident has its state
         materialized from now on, while it waits for a slot and while the slot's displaced state is saved, so that
-        only llama-server's load is left once the slot is its. Not where the restore may be cut (SWA) or be the
-        parent's instead (recurrent): whole restores only."""
-        if (naming.name is None or self.table.resident(naming.key) is not None
-                or cut.extension_only(self.transfer.fingerprint, self.transfer.layout)):
+        only llama-server's load is left once the slot is its. Whole restores only: where llama-server cannot roll
+        back inside a state (SWA, recurrent: `cut.extension_only`) only when the prompt extends all of the stored
+        state (a returning user), since otherwise the restore is cut at the fork or is the parent's."""
+        if naming.name is None or self.table.resident(naming.key) is not None:
             return None
+        if cut.extension_only(self.transfer.fingerprint, self.transfer.layout):
+            if not tokens:
+                return None
+            try:
+                own = await self.store.tokens(naming.name, namespace=naming.namespace)
+            except NameNotFound:
+                return None
+            if not extends(own, tokens):
+                return None
         return self.transfer.prefetch(naming.namespace, naming.name)
 
     # ---- the state and slot API --------------------------------------------------------------------------------

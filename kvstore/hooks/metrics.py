@@ -26,6 +26,7 @@ COUNTERS = {
     "restore_failures": "Restores that failed (corrupt object, fingerprint, llama-server).",
     "restores_prefetched": "Restores whose state was materialized while the request waited for a slot.",
     "save_failures": "Saves or ingests that failed.",
+    "saves_behind": "Saves of a slot handed to another request whose ingest ran behind that request.",
     "prefix_unavailable": "SWA prefix cuts not emitted (window rows not stored); the request was served without one.",
     "remote_failures": "Store calls that failed because the S3 store's bucket was unreachable (saves are kept in "
                        "their slots and retried).",

@@ -205,6 +205,7 @@ def configure(args):
     try:
         cfg = HooksConfig(upstream=upstream, store=loc, name_from_user=args.name_from_user,
                           idle_save=args.idle_save, max_queue=args.max_queue, fingerprint_extra=extra,
+                          save_behind={"on": True, "off": False}.get(args.save_behind),
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
                           upstream_stall_timeout=args.upstream_stall_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,

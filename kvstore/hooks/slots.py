@@ -28,6 +28,7 @@ class SlotTable:
     """Picks a slot for each request, evicts (saves) what it displaces, queues when all are busy."""
 
     def __init__(self, n_slots: int, *, save: Callable[[Slot], Awaitable[object]],
+                 save_behind: Optional[Callable[[Slot], Awaitable[object]]] = None,
                  erase: Optional[Callable[[Slot], Awaitable[Any]]] = None, max_queue: int = 64,
                  clock: Callable[[], float] = time.monotonic,
                  extension_only: Callable[[], bool] = lambda: False, min_shared: int = 32,
@@ -43,6 +44,8 @@ class SlotTable:
         # cache, a recurrent state: cut.extension_only); asked at each pick, since the layout is learned late.
         self.extension_only = extension_only
         self._save = save
+        # The save of a state displaced for another request (hooks/behind.py: the ingest may run behind it).
+        self._save_behind = save_behind or save
         self._erase = erase  # llama-server's action=erase; None only in unit tests of picking
         self.max_queue = max_queue
         self.clock = clock
@@ -211,7 +214,7 @@ class SlotTable:
                     guard(slot)
                 if relabel and not lease.resident and slot.dirty:
                     # Saved first, also when it holds this very name but cannot be used in place (`usable`).
-                    await self.evict(lease, strict=True)
+                    await self.evict(lease, strict=True, behind=True)
             except SaveFailed:
                 # Never reuse a slot without its state: it keeps its label and stays dirty; try another one.
                 slot.inflight, slot.inflight_namespace = [], None
@@ -270,12 +273,15 @@ class SlotTable:
                 self._waiters.remove(fut)
                 self._waiting.pop(fut, None)
 
-    async def evict(self, lease: Lease, *, strict: bool = False) -> None:
+    async def evict(self, lease: Lease, *, strict: bool = False, behind: bool = False) -> None:
         """Save the slot's dirty state into the store (shielded). On failure the slot stays dirty and labelled (a
-        later idle save, eviction or shutdown tries again); strict raises SaveFailed, else it is only logged."""
+        later idle save, eviction or shutdown tries again); strict raises SaveFailed, else it is only logged.
+        behind: the slot goes to another request, whose wait ends once llama-server has written the state's file
+        (its ingest may then run behind; a failure there is logged and counted, and the name keeps its previous
+        state)."""
         slot = lease.slot
         try:
-            await lease.shielded(self._save(slot))
+            await lease.shielded((self._save_behind if behind else self._save)(slot))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the store keeps its previous state of that name; the slot keeps the new one

@@ -2,7 +2,10 @@
 
 Contract: the same calls as `kvstore.Store`, awaitable. The core releases the GIL while it works, so the event loop keeps serving other requests during an ingest or a
 materialize. This is the proxy's only way to the store; it adds no logic of its own but counting the calls that
-failed because an S3 store's bucket was unreachable (`on_remote_failure`, for /metrics).
+failed because an S3 store's bucket was unreachable (`on_remote_failure`, for /metrics), and ordering reads after
+the write-behind saves (`behind`, hooks/behind.py): a call about a name waits for that name's pending ingest (and
+its parent's), a listing or a total for every pending ingest. A prefix lookup, an eviction and gc do not wait (a
+pending state is not yet stored: it is nobody's prefix and nothing to evict).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from kvstore.errors import error_message
 
+from .behind import WriteBehind
 from .errors import remote_unavailable
 
 
@@ -20,6 +24,24 @@ class AsyncStore:
     def __init__(self, store: Any, on_remote_failure: Optional[Callable[[], None]] = None):
         self.core = store
         self.on_remote_failure = on_remote_failure
+        self.behind: Optional[WriteBehind] = None  # set by the hooks when saves are written behind
+
+    async def settled(self, namespace: str, *names: Optional[str]) -> None:
+        """Until no write-behind save of these names is pending."""
+        if self.behind is not None:
+            for name in names:
+                if name is not None:
+                    await self.behind.settled((namespace, name))
+
+    async def settled_namespace(self, namespace: str) -> None:
+        """Until no write-behind save of the namespace is pending (before a prefix lookup that must see them)."""
+        if self.behind is not None:
+            await self.behind.settled_namespace(namespace)
+
+    async def drained(self) -> None:
+        """Until no write-behind save is pending."""
+        if self.behind is not None:
+            await self.behind.drain()
 
     async def _call(self, fn: Callable, *args: Any, **kw: Any) -> Any:
         try:
@@ -43,11 +65,13 @@ class AsyncStore:
         """Store the file (removed once stored) under (namespace, name). It is the server's own save, so a
         layout unlike the namespace's earlier states (the server restarted with another cache type) is stored:
         `force` skips only that comparison, never the completeness check against the model's layer count."""
+        await self.settled(namespace, name, parent)
         return await self._call(self.core.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
                                        parent=parent, remove_file=True, force=True)
 
     async def materialize(self, name: str, path: str, *, namespace: str, expect: Mapping[str, str],
                           n_stream: int) -> dict:
+        await self.settled(namespace, name)
         return await self._call(self.core.materialize, name, path, namespace=namespace, expect=expect,
                                        n_stream=n_stream)
 
@@ -59,11 +83,13 @@ class AsyncStore:
     async def materialize_prefix(self, name: Optional[str], n_tokens: int, path: str, *, namespace: str,
                                  manifest_id: Optional[str], expect: Mapping[str, str], n_stream: int,
                                  fill_masked: int) -> dict:
+        await self.settled(namespace, name)
         return await asyncio.to_thread(self.core.materialize_prefix, name, n_tokens, path, namespace=namespace,
                                        manifest_id=manifest_id, expect=expect, n_stream=n_stream,
                                        fill_masked=fill_masked)
 
     async def tokens(self, name: str, *, namespace: str) -> list[int]:
+        await self.settled(namespace, name)
         return await asyncio.to_thread(self.core.tokens, name, namespace=namespace)
 
     async def lookup(self, tokens: Sequence[int], *, namespace: str, fingerprint: Mapping[str, str]
@@ -71,6 +97,7 @@ class AsyncStore:
         return await self._call(self.core.lookup, tokens, namespace=namespace, fingerprint=fingerprint)
 
     async def get(self, name: str, *, namespace: str) -> Optional[dict]:
+        await self.settled(namespace, name)
         return await self._call(self.core.get, name, namespace=namespace)
 
     @property
@@ -85,13 +112,16 @@ class AsyncStore:
         return await self._call(self.core.sync, namespace)
 
     async def list(self, *, namespace: Optional[str]) -> list:
+        await self.drained()
         return await self._call(self.core.list, namespace=namespace)
 
     async def remove(self, name: str, *, namespace: str) -> bool:
+        await self.settled(namespace, name)
         return await self._call(self.core.remove, name, namespace=namespace)
 
     async def stats(self, namespace: Optional[str] = None) -> dict:
         """The store's figures, or (`namespace`) that namespace's only: what a tenant may see of the store."""
+        await self.drained()
         if namespace is None:
             return await self._call(self.core.stats)
         return await self._call(self.core.stats, namespace=namespace)
@@ -103,6 +133,7 @@ class AsyncStore:
 
     async def set_retention(self, name: str, *, namespace: str, ttl_seconds: Optional[float], pinned: bool,
                             max_bytes: Optional[int] = None) -> None:
+        await self.settled(namespace, name)
         await self._call(self.core.set_retention, name, namespace, ttl_seconds=ttl_seconds, pinned=pinned,
                          max_bytes=max_bytes)
 
@@ -133,4 +164,5 @@ class AsyncStore:
         from kvstore.page import store_snapshot
 
         stats = await self.stats_or_unavailable(stats_namespace)
+        await self.drained()
         return await self._call(store_snapshot, self.core, namespace, stats=stats, stats_namespace=stats_namespace)

@@ -20,6 +20,7 @@ import collections
 import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 from kvstore import _core
@@ -79,8 +80,9 @@ class Transfer:
         # Restore or recompute (hooks/cost.py): every restore's time is one of its observations.
         self.cost = cost if cost is not None else CostModel()
         self.layout: Optional[str] = None
-        # Saves ingested so far per namespace: a prefix looked up before a wait is looked up again if a save of its
-        # namespace landed meanwhile (per namespace: another tenant's saves never add a lookup to a request).
+        # Saves made so far per namespace (counted once llama-server has written the file; its ingest may still be
+        # running behind: `AsyncStore.settled_namespace`): a prefix looked up before a wait is looked up again if a
+        # save of its namespace was made meanwhile (per namespace: another tenant's saves never add a lookup).
         self.saves: collections.Counter[str] = collections.Counter()
         # The store's bound (hooks/bound.py): `reserve(namespace, file_bytes)` around every ingest (it may evict
         # first, so the store stays within its cap), `saved(namespace, name, report)` after it.
@@ -95,18 +97,54 @@ class Transfer:
                    ) -> Optional[dict]:
         """Save a slot into the sync dir and ingest it (under its own name, or `name`). Caller holds the slot.
         Returns the ingest report plus `save` (llama-server's reply); None for an unnamed slot."""
+        return await self._save(slot, name, namespace, behind=False)
+
+    async def save_behind(self, slot: Slot) -> Optional[dict]:
+        """Save a slot being handed to another request: once llama-server has written the file the slot is free,
+        and the ingest runs behind (hooks/behind.py; synchronously when `store.behind` is None). Returns
+        llama-server's reply as `save` plus `behind: True`, or the ingest report as `save()` does."""
+        return await self._save(slot, None, None, behind=self.store.behind is not None)
+
+    async def _save(self, slot: Slot, name: Optional[str], namespace: Optional[str], *, behind: bool
+                    ) -> Optional[dict]:
         name = name if name is not None else slot.name
         namespace = namespace if namespace is not None else slot.namespace
         if name is None:
             return None
         t0 = time.perf_counter()
+        parent = slot.parent if slot.parent != name else None
+        files = contextlib.ExitStack()  # the sync-dir file, removed once ingested (or on any failure)
         try:
-            with self.sync.temp() as (fn, path):
-                r = await self.up.slot_action(slot.id, "save", fn)
-                if not r.get("n_saved"):
-                    log.warning("slot %d: nothing to save for %r (empty slot); store unchanged", slot.id, name)
-                    return {"n_saved": 0, "save": r}
-                parent = slot.parent if slot.parent != name else None
+            fn, path = files.enter_context(self.sync.temp())
+            r = await self.up.slot_action(slot.id, "save", fn)
+        except BaseException:
+            files.close()
+            self.metrics.inc("save_failures")
+            raise
+        if not r.get("n_saved"):
+            files.close()
+            log.warning("slot %d: nothing to save for %r (empty slot); store unchanged", slot.id, name)
+            return {"n_saved": 0, "save": r}
+        self.saves[namespace] += 1
+        ingest = self._ingest(files, path, slot.id, namespace, name, parent, r, t0)
+        if not behind:
+            return await ingest
+        assert self.store.behind is not None
+        try:
+            await self.store.behind.start((namespace, name), [(namespace, parent)] if parent else [], lambda: ingest)
+        except BaseException:  # cancelled while waiting for room: the state is not saved
+            ingest.close()
+            files.close()
+            self.metrics.inc("save_failures")
+            raise
+        self.metrics.inc("saves_behind")
+        return {"n_saved": r.get("n_saved"), "save": r, "behind": True}
+
+    async def _ingest(self, files: contextlib.ExitStack, path: Path, slot_id: int, namespace: str, name: str,
+                      parent: Optional[str], r: dict, t0: float) -> dict:
+        """Ingest the file llama-server wrote, then remove it (`files`); counts, learns the layout, tells the bound."""
+        with files:
+            try:
                 async with self._reserved(namespace, path.stat().st_size):
                     try:
                         info = await self.store.ingest(name, str(path), namespace=namespace,
@@ -116,16 +154,15 @@ class Transfer:
                                                        fingerprint=self.expect())
                 if self.layout is None:
                     self._learn_layout(info["layout"])
-        except Exception:
-            self.metrics.inc("save_failures")
-            raise
-        self.saves[namespace] += 1
+            except BaseException:
+                self.metrics.inc("save_failures")
+                raise
         self.metrics.timed("save", time.perf_counter() - t0)
         self.metrics.inc("bytes_ingested", int(info.get("new_stored_bytes") or 0))
         self.metrics.inc("bytes_saved", int(info.get("file_bytes") or 0))
         info["save"] = r
-        log.info("slot %d: saved %s/%s: %s tokens, %s new bytes", slot.id, namespace, name,
-                 info.get("n_tokens"), info.get("new_stored_bytes"))
+        log.info("slot %d: saved %s/%s: %s tokens, %s new bytes", slot_id, namespace, name, info.get("n_tokens"),
+                 info.get("new_stored_bytes"))
         if self.bound is not None:
             await self.bound.saved(namespace, name, info)
         return info

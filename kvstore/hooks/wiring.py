@@ -55,6 +55,13 @@ class HooksConfig:
     # Restore or recompute (hooks/cost.py): a fixed prefill rate in tokens/s instead of the measured one.
     assume_prefill_tps: Optional[float] = None
     restore_policy: str = "cost"  # "cost": restore only when predicted faster; "always": whatever the estimates
+    # Ingest a state displaced for another request behind that request (hooks/behind.py); None: for a local store
+    # (an S3 store acknowledges a save only once it is in the bucket, where other servers look for it).
+    save_behind: Optional[bool] = None
+
+    @property
+    def saves_behind(self) -> bool:
+        return self.save_behind if self.save_behind is not None else not self.location.remote
 
     @property
     def location(self) -> Location:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hooks_support import (MODELS, QUESTIONS, complete, engine, hooks, intro, stack, tokenize, turn_prompt)
+from hooks_support import (MODELS, QUESTIONS, complete, engine, get, hooks, intro, metric, request, stack, tokenize,
+                           turn_prompt)
 
 N_USERS = 6
 N_TURNS = 4
@@ -48,6 +49,10 @@ def test_six_users_two_slots_vs_plain(model, tmp_path):
             # The test proper: round robin, so every returning user was evicted and must be restored.
             run = converse(hk.url, "run", round_robin)
             lens = {k: len(tokenize(srv.url, v["prompt"])) for k, v in run.items()}
+            # Each returning user's state was materialized from its request's arrival, while the displaced state
+            # was saved (a prompt that extends the whole stored state: restored whole, also on an SWA model).
+            prefetched = metric(hk.url, "kvstore_restores_prefetched_total")
+            behind = metric(hk.url, "kvstore_saves_behind_total")
     plain_srv = engine(model, None)  # same settings, no hooks, no slot files, cache_ram 0
     with stack(plain_srv):
         plain = {}
@@ -81,3 +86,49 @@ def test_six_users_two_slots_vs_plain(model, tmp_path):
         # The plain server had lost this user's slot: it evaluated (nearly) everything again.
         assert plain[(u, t)] >= lens[(u, t)] - 2, ((u, t), plain[(u, t)], lens[(u, t)])
     assert tot_run * 2 < tot_plain
+    print(f"  restores prefetched {prefetched:.0f}, saves behind {behind:.0f}")
+    returning = sum(1 for (u, t) in run if t)
+    assert prefetched == returning, (prefetched, returning)
+    assert behind >= returning, (behind, returning)  # every returning user displaced another user's state
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_states_displaced_for_the_next_request_are_saved_behind_it_and_read_back_whole(model, tmp_path):
+    """One slot, users in turn: each request displaces the previous user's state, whose ingest runs behind the
+    request (hooks/behind.py). Asked for at once, each name reads as its newest state (a read waits for its
+    pending ingest); a name deleted while its ingest may still be pending stays deleted; a user restored from a
+    state saved behind gets what it would have got in its slot. `--save-behind off` ingests before the next
+    request (none counted behind)."""
+    store = tmp_path / "store"
+    srv = engine(model, store, parallel=1)
+    with stack(srv):
+        with hooks(srv.url, store) as hk:
+            ns = {"X-KV-Namespace": "wb"}
+            history = {u: intro(u) for u in range(3)}
+            last_prompt = {}
+            for t in range(2):
+                for u in range(3):
+                    prompt = turn_prompt(history[u], QUESTIONS[t])
+                    r = complete(hk.url, prompt, name=f"user{u}", n_predict=N_PREDICT, headers=ns)
+                    assert r.kind == ("restored" if t else "miss"), (u, t, r.kind)
+                    history[u], last_prompt[u] = prompt + r.json["content"] + "\n", prompt
+                    prev = (u - 1) % 3
+                    if t or u:
+                        # The previous user's state was displaced by this request: read it back at once.
+                        info = get(hk.url, f"/kvstore/states/user{prev}", ns)
+                        assert info.status == 200, info.body
+                        # Its newest turn: the turn before it is shorter than this prompt.
+                        assert info.json["n_tokens"] >= len(tokenize(srv.url, last_prompt[prev])), info.json
+            behind = metric(hk.url, "kvstore_saves_behind_total")
+            assert behind >= 5, behind
+            # user2 is resident; user1 was just displaced. Delete it now, then let a request displace user2.
+            assert request(hk.url + "/kvstore/states/user1", "DELETE", headers=ns).status in (200, 204)
+            complete(hk.url, turn_prompt(history[0], QUESTIONS[2]), name="user0", n_predict=N_PREDICT, headers=ns)
+            names = {s["name"] for s in get(hk.url, "/kvstore/states", ns).json["states"]}
+            assert names == {"user0", "user2"}, names  # the listing waits for every pending ingest
+            assert metric(hk.url, "kvstore_save_failures_total") == 0
+        with hooks(srv.url, store, save_behind=False) as hk:
+            complete(hk.url, turn_prompt(history[1], QUESTIONS[2]), name="user1", n_predict=N_PREDICT, headers=ns)
+            complete(hk.url, turn_prompt(history[2], QUESTIONS[2]), name="user2", n_predict=N_PREDICT, headers=ns)
+            assert metric(hk.url, "kvstore_saves_behind_total") == 0
+            assert get(hk.url, "/kvstore/states/user1", ns).status == 200
