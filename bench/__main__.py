@@ -15,12 +15,12 @@ from pathlib import Path
 
 from kvstore.models import model_path
 
-from . import balancer, batch, handoff, storage, workloads
+from . import balancer, batch, handoff, slotwait, storage, workloads
 from .targets import TARGETS, Target, cleanup, workdir
 
 PRESETS = {
     "smoke": {
-        "models": ["smollm2"], "targets": ["plain", "kvstore"], "workloads": ["W1", "W2", "storage"],
+        "models": ["smollm2"], "targets": ["plain", "kvstore"], "workloads": ["W1", "W2", "storage", "slotwait"],
         "parallel": 2, "ctx_size": 4096,
         "w1": {"seed": 1, "users": 3, "turns": 2, "system_words": 40, "msg_words": 25, "n_predict": 8, "inflight": 2},
         "w2": {"seed": 2, "articles": 2, "questions": 2, "article_words": [150, 200], "n_predict": 4},
@@ -29,7 +29,7 @@ PRESETS = {
     },
     "quick": {
         "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore", "kvcap"],
-        "workloads": ["W1", "W2", "W3", "storage"], "parallel": 2, "ctx_size": 8192,
+        "workloads": ["W1", "W1x1", "W2", "W3", "storage", "slotwait"], "parallel": 2, "ctx_size": 8192,
         "w1": {"seed": 1, "users": 6, "turns": 4, "system_words": 60, "msg_words": 40, "n_predict": 16, "inflight": 2},
         "w2": {"seed": 2, "articles": 3, "questions": 3, "article_words": [300, 500], "n_predict": 8},
         # The polite client, then as users send it: the state named after the article, slots and 2 x slots in flight.
@@ -85,6 +85,9 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
     rows = []
     variants = {
         "W1": [("W1", lambda t: workloads.run_w1(t, cfg["w1"]))],
+        # The same users sent one request at a time: the restore path's own cost, without llama-server's waits for
+        # the other slots' decode steps (bench/slotwait.py) that requests in flight add.
+        "W1x1": [("W1 one at a time", lambda t: workloads.run_w1(t, {**cfg["w1"], "inflight": 1}))],
         "W3": [("W3 restart", lambda t: workloads.run_w1(t, cfg["w1"], restart_at=max(1, cfg["w1"]["turns"] // 2)))],
         "W1long": [("W1 long history", lambda t: workloads.run_w1(t, cfg["w1long"]))],
         "W2": [(w2_label(o, par, nm, k), (lambda o=o, par=par, nm=nm, k=k:
@@ -150,7 +153,7 @@ def table(results: dict) -> str:
     for model, block in results["models"].items():
         lines.append(f"\n### {model}\n")
         lines.append("| workload | target | requests | prompt tokens evaluated | ideal | x ideal | cached | "
-                     "TTFT p50 returning (x plain) | wall (x plain) | disk |")
+                     "TTFT p50 returning (x plain; x its own evaluation) | wall (x plain) | disk |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|")
         rows = block.get("workloads", [])
         base = {r["workload"].split(" +")[0]: r for r in rows if r["target"] == "llama-server"}
@@ -158,6 +161,8 @@ def table(results: dict) -> str:
             b = base.get(r["workload"].split(" +")[0])
             ttft = r.get("ttft_returning_p50_s")
             rel = lambda k: f" ({r[k] / b[k]:.2f}x)" if b and b.get(k) and r.get(k) is not None else ""
+            own = r.get("ttft_returning_over_own_eval_p50")
+            own_s = f"; {own}x eval" if own is not None else ""
             disk = (f"{r['store_bytes'] / 2**20:.1f} MiB (one file per save: {r['saved_file_bytes'] / 2**20:.1f} MiB)"
                     if "store_bytes" in r else f"RSS {r['rss_bytes'] / 2**20:.0f} MiB")
             if r.get("max_size"):
@@ -165,8 +170,10 @@ def table(results: dict) -> str:
                          f"{r['evicted_cap']} names evicted")
             lines.append(f"| {r['workload']} | {r['target']} | {r['requests']} | {r['prompt_n']} | {r['ideal']} | "
                          f"{r['ratio_to_ideal']} | {r['cache_n']} | "
-                         f"{'-' if ttft is None else f'{ttft * 1000:.0f} ms'}{rel('ttft_returning_p50_s')} | "
+                         f"{'-' if ttft is None else f'{ttft * 1000:.0f} ms'}{rel('ttft_returning_p50_s')}{own_s} | "
                          f"{r['wall_s']} s{rel('wall_s')} | {disk} |")
+        if block.get("slotwait"):
+            lines.append(slotwait.line(block["slotwait"]))
         h = block.get("handoff")
         if h:
             lines.append(f"\nA returning user's turn on the other server ({h['prompt_tokens']} prompt tokens): time to "
@@ -249,6 +256,14 @@ def main(argv=None) -> int:
                 finally:
                     cleanup(wd)
                 print(f"  s3core {block['s3core']}", file=sys.stderr, flush=True)
+                continue
+            if wl == "slotwait":
+                wd = workdir()
+                try:
+                    block["slotwait"] = slotwait.run(path, wd, cfg["ctx_size"])
+                finally:
+                    cleanup(wd)
+                print(f"  slotwait {block['slotwait']}", file=sys.stderr, flush=True)
                 continue
             if wl == "storage":
                 wd = workdir()

@@ -33,3 +33,6 @@ def test_bench_smoke(tmp_path):
     assert w1["prompt_n"] <= 1.05 * w1["ideal"], w1
     st = res["models"]["smollm2"]["storage"]
     assert st["raw_over_stored"] > 2.0, st
+    sw = res["models"]["smollm2"]["slotwait"]  # llama-server's slot save: idle, beside a generation, a prompt
+    assert all(sw[k] > 0 for k in ("save_idle_ms", "save_while_generating_ms", "save_while_prompt_ms")), sw
+    assert "llama-server's slot save" in r.stdout
