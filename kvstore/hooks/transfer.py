@@ -215,6 +215,9 @@ class Transfer:
     async def _restore(self, lease: Lease, namespace: str, name: Optional[str], manifest_id: Optional[str],
                        cut: Optional[int] = None, prefetched: Optional[Prefetch] = None) -> Optional[dict]:
         what = name or manifest_id
+        # A save of the name still being ingested behind a request is waited for first: that wait is not the
+        # restore's cost (what the cost model learns, below).
+        await self.store.settled(namespace, name)
         t0 = time.perf_counter()
         with self.sync.temp() as (fn, path):
             ahead = await self._prefetched(namespace, name, prefetched) if cut is None else None
@@ -253,12 +256,17 @@ class Transfer:
                 lease.table.cleared(lease.slot)
                 raise
         n = int(r.get("n_restored") or 0)
-        seconds = time.perf_counter() - t0
-        self.metrics.timed("restore", seconds)
-        if ahead is not None:
-            # Prefetched: its materialize ran while the request waited; what a restore costs is still both.
-            seconds = float(info.get("elapsed_s") or 0.0) + (time.perf_counter() - t_load)
-        self.cost.restored(n, int(info.get("file_bytes") or 0), seconds)
+        now = time.perf_counter()
+        self.metrics.timed("restore", now - t0)
+        # What the restore cost, for the cost model: the materialize (also a prefetched one, which ran while the
+        # request waited) plus llama-server's own load time. Not the time the load waited in llama-server's queue
+        # for another slot's decode step (bench/slotwait.py: up to a whole prompt's evaluation): evaluating the
+        # tokens instead would not be spared that wait, and the prefill side is measured without it too
+        # (`timings.prompt_ms`). An older server without `timings.restore_ms`: the load's wall time.
+        materialize_s = float(info.get("elapsed_s") or 0.0) if ahead is not None else t_load - t0
+        load_ms = (r.get("timings") or {}).get("restore_ms") if isinstance(r.get("timings"), dict) else None
+        load_s = float(load_ms) / 1000.0 if isinstance(load_ms, (int, float)) else now - t_load
+        self.cost.restored(n, int(info.get("file_bytes") or 0), materialize_s + load_s)
         self.metrics.inc("tokens_restored", n)
         r["kvstore"] = info
         return r

@@ -255,3 +255,26 @@ def test_a_waiting_request_has_its_state_materialized_meanwhile(tmp_path, states
     assert kind == "restored" and up.restored[-1] == tokens_of(states["child"]), "restored the stale prefetch"
     assert broker.metrics.snapshot()["restores_prefetched"] == 1
     assert list(sync.iterdir()) == []
+
+
+def test_the_cost_model_learns_llama_servers_own_load_time_not_its_queue_wait(tmp_path, states):
+    """A restore answered late because llama-server was decoding another slot (bench/slotwait.py: up to a whole
+    prompt's evaluation) is not a slow restore: the cost model takes the load time llama-server reports
+    (`timings.restore_ms`), or the stored states would soon all be recomputed (W2 with 2 in flight did so)."""
+    broker, up, core = make(tmp_path, states, names=["alice"])
+    plain_action = up.slot_action
+
+    async def queued(slot_id, action, filename=None):
+        r = await plain_action(slot_id, action, filename)
+        if action == "restore":
+            await asyncio.sleep(0.5)  # waited behind another slot's decode step
+            r["timings"] = {"restore_ms": 2.0}
+        return r
+
+    up.slot_action = queued
+    slot, kind, n = asyncio.run(hold(broker, Naming("", "alice")))
+    assert kind == "restored"
+    restore = broker.transfer.cost.describe()["restore"]
+    size = states["parent"].stat().st_size
+    assert restore["samples"] == 1
+    assert size / restore["bytes_per_s"] < 0.25, restore  # the materialize plus 2 ms, not the 0.5 s wait
