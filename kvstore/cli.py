@@ -74,9 +74,8 @@ def add_serve_args(sp) -> None:
                     help="save a dirty slot after this long idle (0: only on eviction and shutdown)")
     sp.add_argument("--save-behind", choices=("auto", "on", "off"), default="auto",
                     help="on: a state displaced for another request is ingested behind that request, once "
-                         "llama-server has written its file (a crash before the ingest loses that state, the name "
-                         "keeps its previous one); off: before it; auto: on for a local store, off for an S3 store "
-                         "(default auto)")
+                         "llama-server has written its file (one a crash left pending is ingested at the next "
+                         "start); off: before it; auto: on for a local store, off for an S3 store (default auto)")
     sp.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests that may wait for a slot")
     sp.add_argument("--upstream-timeout", type=float, default=600.0, metavar="SECONDS",
                     help="504 when llama-server sends no reply byte this long (a non-streamed reply's first byte "

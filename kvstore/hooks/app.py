@@ -35,7 +35,7 @@ from .routes import add_routes, gate
 from .slots import SlotTable
 from .store import AsyncStore
 from .syncdir import SyncDir
-from .transfer import Transfer
+from .transfer import Transfer, recover_pending
 from .upstream import KEEPALIVE, Upstream
 from .upstream import client as upstream_client
 from .wiring import HooksConfig, Wired
@@ -81,7 +81,10 @@ class Hooks:
                           on_stall=lambda: self.metrics.inc("upstream_stalls"))
             store = await AsyncStore.open(self.location)
             store.on_remote_failure = lambda: self.metrics.inc("remote_failures")
-            self.sync.sweep()  # nothing of ours is in use yet: everything there is left over
+            # Nothing of ours is in use yet: everything there is left over. States an earlier process saved
+            # behind a request and did not ingest (a crash) are stored first.
+            await recover_pending(self.sync, store)
+            self.sync.sweep()
             self._tasks.append(asyncio.create_task(self._connect(up, store, probe)))
             yield
         finally:

@@ -14,8 +14,8 @@ inside a job, whose order was fixed when it started (a wait there could be a cyc
 parent). Readers of a name call `settled` first, so nobody reads an older state of a name than the newest saved,
 and a name removed while its ingest ran does not come back.
 
-A pending state lives only in its sync-dir file: a crash before its ingest commits loses it, and the name keeps its
-previous state (the sweep at start-up removes the file), as llama-server itself loses a slot's content in a crash.
+A pending state lives in its sync-dir file and the record beside it (`SyncDir.keep_pending`): a crash before its
+ingest commits leaves both, and the next start-up ingests it (`transfer.recover_pending`).
 """
 from __future__ import annotations
 

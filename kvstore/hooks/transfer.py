@@ -131,8 +131,12 @@ class Transfer:
             return await ingest
         assert self.store.behind is not None
         try:
+            # A crash before the ingest commits leaves the file and this record for the next start-up to ingest
+            # (`recover_pending`); removed with the file once ingested.
+            files.callback(self.sync.keep_pending(fn, {"namespace": namespace, "name": name, "parent": parent,
+                                                       "fingerprint": self.expect(), "saved_at": time.time()}))
             await self.store.behind.start((namespace, name), [(namespace, parent)] if parent else [], lambda: ingest)
-        except BaseException:  # cancelled while waiting for room: the state is not saved
+        except BaseException:  # cancelled while waiting for room (or the record not written): not saved
             ingest.close()
             files.close()
             self.metrics.inc("save_failures")
@@ -275,3 +279,39 @@ class Transfer:
         log.error("slot %d: restore failed, continuing with a full evaluation: %s", lease.slot.id, why)
         self.metrics.inc("restore_failures")
         lease.table.cleared(lease.slot)
+
+
+async def recover_pending(sync: SyncDir, store: AsyncStore) -> int:
+    """Start-up, before the sync dir is swept: ingest the states an earlier process saved behind a request and did
+    not get to ingest (a crash), oldest first (a parent before its child), each name's newest only; returns how many
+    were stored. One is skipped where the store already holds a state of that name made after it (its own ingest
+    committed just before the crash); one that fails is logged and dropped, as a failed ingest behind a request
+    is."""
+    n = 0
+    pending = sync.pending_saves()
+    # Only a name's newest pending save counts: an older one would have been replaced by it.
+    newest = {(rec["namespace"], rec["name"]): state for rec, state, _ in pending}
+    for rec, state, side in pending:
+        ns, name, parent = rec["namespace"], rec["name"], rec.get("parent")
+        try:
+            if newest[(ns, name)] != state:
+                log.info("sync dir: %s/%s was saved again after %s; dropped", ns, name, state.name)
+                continue
+            now = await store.get(name, namespace=ns)
+            if now is not None and float(now.get("created") or 0) >= float(rec["saved_at"]):
+                log.info("sync dir: %s/%s already holds a state saved after %s; dropped", ns, name, state.name)
+                continue
+            try:
+                await store.ingest(name, str(state), namespace=ns, fingerprint=rec["fingerprint"], parent=parent)
+            except NameNotFound:  # the parent is gone; keep the state anyway
+                await store.ingest(name, str(state), namespace=ns, fingerprint=rec["fingerprint"])
+            n += 1
+            log.warning("sync dir: stored %s/%s, saved by an earlier process that stopped before ingesting it",
+                        ns, name)
+        except Exception as e:  # noqa: BLE001 - the state is dropped, the name keeps what it had
+            log.error("sync dir: could not store %s/%s left pending by an earlier process: %s", ns, name, e)
+        finally:
+            for p in (side, state):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+    return n

@@ -162,3 +162,48 @@ def test_a_limit_below_one_still_lets_one_job_run(limit):
         assert ran == [1]
 
     run(main())
+
+
+def test_states_a_crash_left_pending_are_stored_at_start_up(tmp_path, state_files):
+    """What a save behind a request leaves until its ingest commits (the state file llama-server wrote and its
+    `.pending.json` record) is ingested by the next start-up, each name's newest, on a real store with real slot files;
+    a name the store already holds in a state made after the pending save keeps it; a record that cannot be read
+    is dropped; nothing is left in the sync dir."""
+    import shutil
+    import time
+
+    from kvstore import Store
+    from kvstore.config import temp_state_name
+    from kvstore.hooks.store import AsyncStore
+    from kvstore.hooks.syncdir import PENDING_SUFFIX, SyncDir
+    from kvstore.hooks.transfer import recover_pending
+
+    core = Store(str(tmp_path / "store"))
+    sync = SyncDir(tmp_path / "sync")
+    parent, child = state_files["smollm2_parent"], state_files["smollm2_child"]
+
+    def leave(src, name, saved_at, parent_name=None):
+        fn = temp_state_name()
+        shutil.copyfile(src, sync.path / fn)
+        sync.keep_pending(fn, {"namespace": "ns", "name": name, "parent": parent_name, "fingerprint": {},
+                               "saved_at": saved_at})
+
+    now = time.time()
+    leave(parent, "alice", now - 5)
+    leave(child, "alice", now - 4)  # alice's newer save: the one stored
+    leave(parent, "kept", now - 60)
+    core.ingest("kept", str(child), namespace="ns")  # made after that pending save: it stays
+    leave(child, "orphan", now - 3, parent_name="gone")  # its parent is not stored: stored without it
+    (sync.path / (temp_state_name() + PENDING_SUFFIX)).write_text("{not json")
+    bad = temp_state_name()
+    shutil.copyfile(parent, sync.path / bad)
+    (sync.path / (bad + PENDING_SUFFIX)).write_text('{"version": 1, "name": 7}')
+
+    stored = run(recover_pending(sync, AsyncStore(core)))
+    assert stored == 2  # alice (its newest save) and orphan; kept keeps its later state
+    assert core.get("alice", namespace="ns")["file_bytes"] == child.stat().st_size
+    assert core.get("kept", namespace="ns")["file_bytes"] == child.stat().st_size
+    assert core.get("orphan", namespace="ns")["parent"] is None
+    assert sorted(s["name"] for s in core.list(namespace="ns")) == ["alice", "kept", "orphan"]
+    sync.sweep()  # the start-up's sweep: the bad record's state file (no longer claimed) goes too
+    assert list(sync.path.iterdir()) == []

@@ -93,3 +93,70 @@ def test_idle_save(tmp_path):
         assert info["resident_slot"] == slot and info["dirty"] is False
         r = complete(hk.url, intro(3) + " More", name="idle-user", n_predict=2)
         assert r.kind == "slot"
+
+
+def test_kill_9_while_a_displaced_state_is_ingested_behind_loses_nothing(tmp_path):
+    """`kvstore serve` killed with SIGKILL the moment a request that displaced another user's state starts
+    answering (its ingest runs behind that request, docs/hooks.md): started again on the same store, every
+    displaced user's newest turn is stored and no pending record is left. Whether a kill lands inside the ingest
+    (then the start-up stores it, printed below) is up to timing; the start-up's recovery itself is tested on given
+    files in test_hooks_behind.py."""
+    import http.client
+    import json
+    import signal
+    import subprocess
+    import sys
+    import urllib.parse
+
+    from hooks_support import ROOT
+
+    from kvstore.engine import wait_healthy
+
+    def serve():
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", "--upstream", srv.url, "--store",
+                                 str(store), "--port", "0", "--idle-save", "0", "--restore-policy", "always",
+                                 "--save-behind", "on"], cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
+                                text=True)
+        line = proc.stdout.readline()
+        assert "listening on http://" in line, line
+        url = line.split("listening on ")[1].split()[0]
+        wait_healthy(url, 60, alive=lambda: proc.poll() is None)
+        return proc, url
+
+    store = tmp_path / "store"
+    log = open(tmp_path / "serve.log", "a")
+    srv = engine("smollm2", store, parallel=1)
+    prompts = {u: turn_prompt(intro(u), QUESTIONS[0]) for u in range(3)}
+    killed_at = []
+    with stack(srv):
+        for u in range(3):  # each request displaces the previous user's state: saved behind it
+            proc, url = serve()
+            try:
+                if u:
+                    complete(url, prompts[u - 1], name=f"user{u - 1}", n_predict=2)  # resident again, dirty
+                host = urllib.parse.urlsplit(url)
+                conn = http.client.HTTPConnection(host.hostname, host.port, timeout=120)
+                conn.request("POST", "/completion", json.dumps({
+                    "prompt": prompts[u], "n_predict": 16, "stream": True, "cache_prompt_name": f"user{u}"}),
+                    {"Content-Type": "application/json"})
+                resp = conn.getresponse()  # the headers: the slot is this request's, the displaced save started
+                killed_at.append(resp.getheader("X-KV-Cache"))
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+                conn.close()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        proc, url = serve()
+        try:
+            for u in range(2):  # user2's own turn was cut by the kill: only the displaced users must be there
+                info = get(url, f"/kvstore/states/user{u}")
+                assert info.status == 200, (u, info.body)
+                assert info.json["n_tokens"] >= len(tokenize(srv.url, prompts[u])), info.json
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    assert not [p.name for p in (store / "sync").iterdir() if p.name.endswith(".pending.json")]
+    log.close()
+    recovered = (tmp_path / "serve.log").read_text().count("saved by an earlier process")
+    print(f"\nkilled as the requests started answering ({killed_at}); states stored at a start-up: {recovered}")
