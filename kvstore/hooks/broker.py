@@ -175,6 +175,11 @@ class Broker:
         if lease.parent_resident:
             return "parent", 0
         ns, slot = naming.namespace, lease.slot
+        if prefetched is None:
+            # The stored states this request may restore from or cut include the one this slot just held, whose
+            # ingest may still run behind: look them up once it is in (as when the save came first). A returning
+            # user's prefetched state needs no lookup and so does not wait.
+            await self.store.settled_namespace(ns)
         try:
             if cut.applies(self.transfer.fingerprint, self.transfer.layout):  # SWA: cut at the common prefix
                 with contextlib.suppress(NotStored):
