@@ -34,7 +34,7 @@ PRESETS = {
         "w2": {"seed": 2, "articles": 3, "questions": 3, "article_words": [300, 500], "n_predict": 8},
         # The polite client, then as users send it: the state named after the article, slots and 2 x slots in flight.
         "w2_variants": [("question", 1), ("article", 1), ("article", 2), ("question", 4), ("article", 4)],
-        "storage": {"article_words": 400, "children": 10},
+        "storage": {"article_words": 400, "children": 10, "long_words": 2000},
         "batch": {"seed": 4, "articles": 20, "questions": 5, "article_words": [300, 500], "n_predict": 8},
     },
     "full": {
@@ -48,7 +48,7 @@ PRESETS = {
         # Returning users with ~2,000 tokens of their own history: time to first token vs re-evaluation.
         "w1long": {"seed": 3, "users": 4, "turns": 3, "system_words": 20, "first_words": 1400, "msg_words": 30,
                    "n_predict": 16, "inflight": 2},
-        "storage": {"article_words": 600, "children": 10},
+        "storage": {"article_words": 600, "children": 10, "long_words": 2000},
         # The seed's job: 100 articles x 10 questions, shuffled, through `kvstore batch` (bench/batch.py).
         "batch": {"seed": 4, "articles": 100, "questions": 10, "article_words": [300, 500], "n_predict": 8},
     },
@@ -206,6 +206,12 @@ def table(results: dict) -> str:
                          f"Ingest {mb['ingest']} MB/s vs copy+fsync {mb['copy_fsync']} MB/s "
                          f"(**{st['ingest_vs_copy_fsync']}x**); materialize {mb['materialize']} MB/s vs copy "
                          f"{mb['copy']} MB/s (**{st['materialize_vs_copy']}x**).")
+            lg = st.get("long")
+            if lg:
+                lines.append(f"A long state ({lg['bytes'] / 2**20:.1f} MiB, restored {lg['repeats']} times from one "
+                             f"store): materialize {lg['mb_per_s']['materialize']} MB/s ({lg['ms']['materialize']} ms) "
+                             f"vs copy {lg['mb_per_s']['copy']} MB/s ({lg['ms']['copy']} ms) "
+                             f"(**{lg['materialize_vs_copy']}x**).")
     return "\n".join(lines)
 
 

@@ -2,6 +2,8 @@
 
 Real slot files from the embedded llama.cpp server: one parent (an article) and children that each restore the
 parent and add a question, as a batch job does. Every figure comes from the same run on the same files.
+`long_words`: also one long state (a user with a long history, the size a state has on a larger model),
+restored again and again from one store as a server does, beside a copy of its file, alternating.
 """
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ from . import text
 from .client import post_json
 
 
-def make_family(model: str, out: Path, article_words: int, children: int, seed: int = 7) -> list:
+def make_family(model: str, out: Path, article_words: int, children: int, seed: int = 7,
+                ctx_size: int = 4096) -> list:
     """Save parent.bin and child-<i>.bin (parent restored, then a question added) into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     article = text.paragraph(rng, article_words) + "\n\nQuestion:"
-    cfg = EngineConfig(model=model, parallel=1, ctx_size=4096, slot_save_path=str(out), cache_ram=0)
+    cfg = EngineConfig(model=model, parallel=1, ctx_size=ctx_size, slot_save_path=str(out), cache_ram=0)
     with EmbeddedServer(cfg) as srv:
         post_json(srv.url + "/completion", {"prompt": article, "n_predict": 0, "id_slot": 0, "cache_prompt": True})
         post_json(srv.url + "/slots/0?action=save", {"filename": "parent.bin"})
@@ -44,7 +47,7 @@ def _copy(src: Path, dst: Path, durable: bool) -> None:
         os.close(fd)
 
 
-def run(model: str, work: Path, article_words: int, children: int, repeats: int = 5) -> dict:
+def run(model: str, work: Path, article_words: int, children: int, repeats: int = 5, long_words: int = 0) -> dict:
     files = make_family(model, work / "files", article_words, children)
     raw = sum(f.stat().st_size for f in files)
     best = {}
@@ -87,4 +90,28 @@ def run(model: str, work: Path, article_words: int, children: int, repeats: int 
         "mb_per_s": mbps,
         "ingest_vs_copy_fsync": round(mbps["ingest"] / mbps["copy_fsync"], 2),
         "materialize_vs_copy": round(mbps["materialize"] / mbps["copy"], 2),
+        **({"long": run_long(model, work / "long", long_words)} if long_words else {}),
     }
+
+
+def run_long(model: str, work: Path, words: int, repeats: int = 15) -> dict:
+    """One long state: its materialize from one store, repeated, beside a copy of the file (medians)."""
+    (src,) = make_family(model, work / "files", words, 0, ctx_size=8192)
+    store = Store(str(work / "store"))
+    store.ingest("long", str(src))
+    size = src.stat().st_size
+    times = {"copy": [], "materialize": []}
+    for rep in range(repeats):
+        for key in ("copy", "materialize"):
+            dst = work / f"{key}.bin"
+            os.sync()
+            t0 = time.perf_counter()
+            _copy(src, dst, False) if key == "copy" else store.materialize("long", str(dst))
+            times[key].append(time.perf_counter() - t0)
+            if key == "materialize" and rep == 0:
+                assert dst.read_bytes() == src.read_bytes(), "materialize not byte-exact: the long state"
+            dst.unlink()
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return {"bytes": size, "repeats": repeats, "ms": {k: round(v * 1e3, 1) for k, v in med.items()},
+            "mb_per_s": {k: round(size / v / 1e6, 1) for k, v in med.items()},
+            "materialize_vs_copy": round(med["copy"] / med["materialize"], 2)}

@@ -108,15 +108,18 @@ fn read_u64(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// Decompress one frame into exactly `out` (its length is what the header promises).
+/// A frame that declares its size must declare `expect` bytes.
+fn check_declared(frame: &[u8], expect: usize, what: &str) -> Result<(), String> {
+    match zstd::zstd_safe::get_frame_content_size(frame) {
+        Ok(Some(n)) if n != expect as u64 => Err(format!("{what}: frame declares {n} bytes, header says {expect}")),
+        Err(_) => Err(format!("{what}: not a zstd frame")),
+        _ => Ok(()),
+    }
+}
+
 fn decompress_exact(frame: &[u8], out: &mut [u8], what: &str) -> Result<(), String> {
     let expect = out.len();
-    match zstd::zstd_safe::get_frame_content_size(frame) {
-        Ok(Some(n)) if n != expect as u64 => {
-            return Err(format!("{what}: frame declares {n} bytes, header says {expect}"))
-        }
-        Err(_) => return Err(format!("{what}: not a zstd frame")),
-        _ => {}
-    }
+    check_declared(frame, expect, what)?;
     let n = with_dctx(|d| d.decompress_to_buffer(frame, out))?.map_err(|e| format!("{what}: zstd: {e}"))?;
     if n != expect {
         return Err(format!("{what}: decompressed {n} bytes, header says {expect}"));
@@ -126,6 +129,23 @@ fn decompress_exact(frame: &[u8], out: &mut [u8], what: &str) -> Result<(), Stri
 
 /// Decode an object file; the error is the reason it is corrupt.
 pub fn decode(b: &[u8]) -> Result<Vec<u8>, String> {
+    let mut raw = Vec::new();
+    decode_into(b, &mut raw)?;
+    Ok(raw)
+}
+
+/// The raw length an object file's header declares (None if it has no header).
+pub fn declared_len(b: &[u8]) -> Option<u64> {
+    if b.len() < HEADER_LEN || &b[..4] != MAGIC {
+        return None;
+    }
+    read_u64(b, 8)
+}
+
+/// [`decode`] into `raw`, replacing what it held and reusing its capacity: the bytes are written once, into
+/// memory whose pages a caller that reads many objects has already mapped (no zeroing first either).
+pub fn decode_into(b: &[u8], raw: &mut Vec<u8>) -> Result<(), String> {
+    raw.clear();
     if b.len() < HEADER_LEN {
         return Err(format!("truncated: {} bytes, header needs {HEADER_LEN}", b.len()));
     }
@@ -143,9 +163,23 @@ pub fn decode(b: &[u8]) -> Result<Vec<u8>, String> {
     let raw_len = raw_len as usize;
     match codec {
         CODEC_ZSTD => {
-            let mut raw = vec![0u8; raw_len];
-            decompress_exact(&b[HEADER_LEN..], &mut raw, "frame")?;
-            Ok(raw)
+            let frame = &b[HEADER_LEN..];
+            check_declared(frame, raw_len, "frame")?;
+            raw.reserve(raw_len);
+            // Into the spare capacity (zstd sets the length it wrote); a frame that writes other than raw_len
+            // bytes is corrupt, and the buffer is left empty.
+            let n = with_dctx(|d| d.decompress_to_buffer(frame, raw))?.map_err(|e| format!("frame: zstd: {e}"));
+            match n {
+                Ok(n) if n == raw_len => Ok(()),
+                Ok(n) => {
+                    raw.clear();
+                    Err(format!("frame: decompressed {n} bytes, header says {raw_len}"))
+                }
+                Err(e) => {
+                    raw.clear();
+                    Err(e)
+                }
+            }
         }
         CODEC_PLANES => {
             if planes < 2 {
@@ -155,7 +189,7 @@ pub fn decode(b: &[u8]) -> Result<Vec<u8>, String> {
             if b.len() < table_end {
                 return Err("truncated plane table".into());
             }
-            let mut raw = vec![0u8; raw_len];
+            raw.reserve(raw_len);
             with_scratch(raw_len, |split| {
                 let mut at = table_end;
                 let mut out_at = 0;
@@ -173,10 +207,11 @@ pub fn decode(b: &[u8]) -> Result<Vec<u8>, String> {
                 if at != b.len() {
                     return Err(format!("{} trailing bytes", b.len() - at));
                 }
-                interleave(split, planes, &mut raw);
+                interleave(split, planes, &mut raw.spare_capacity_mut()[..raw_len]);
+                // SAFETY: `interleave` wrote every byte of [0, raw_len), within the capacity reserved above.
+                unsafe { raw.set_len(raw_len) };
                 Ok(())
-            })?;
-            Ok(raw)
+            })
         }
         c => Err(format!("unknown codec {c}")),
     }
@@ -204,5 +239,30 @@ mod tests {
                 assert_eq!(decode(&enc).unwrap(), raw, "planes={planes} n={n}");
             }
         }
+    }
+
+    #[test]
+    fn decode_into_a_kept_buffer_replaces_what_it_held() {
+        // A buffer left from a larger object, full of other bytes: the decode is exact, whatever its capacity.
+        let mut kept = vec![0xAB; 10_000];
+        for (elem, n) in [(2u8, 4096usize), (4, 1001), (1, 777), (2, 1), (4, 9_999)] {
+            let raw = sample(n);
+            let enc = encode(&raw, elem, 1).unwrap();
+            decode_into(&enc, &mut kept).unwrap();
+            assert_eq!(kept, raw, "elem={elem} n={n}");
+            assert_eq!(declared_len(&enc), Some(n as u64));
+        }
+        // A corrupt object leaves the buffer empty, never holding a previous object's bytes.
+        let enc = encode(&sample(4096), 2, 1).unwrap();
+        let mut bad = enc.clone();
+        bad.truncate(enc.len() - 3);
+        assert!(decode_into(&bad, &mut kept).is_err());
+        assert!(kept.is_empty());
+        let plain = encode(&sample(777), 1, 1).unwrap();
+        let mut long = plain.clone();
+        long[8..16].copy_from_slice(&700u64.to_le_bytes()); // the header says fewer bytes than the frame holds
+        kept.extend_from_slice(&[1; 4000]);
+        assert!(decode_into(&long, &mut kept).is_err());
+        assert!(kept.is_empty());
     }
 }

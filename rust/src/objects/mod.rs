@@ -122,7 +122,13 @@ impl ObjectStore {
     /// Read, decode and re-hash in `scope` (the manifest's, `crate::scope`). `Missing` if absent, `Corrupt` on
     /// any mismatch.
     pub fn get(&self, id: &ObjectId, scope: &Scope) -> Result<Got, ObjectError> {
-        match self.read_checked(id, std::slice::from_ref(scope), true)? {
+        self.get_with(id, scope, &fresh)
+    }
+
+    /// [`get`](Self::get), decoding into `buffer(raw_len)` (a caller that reads many objects passes buffers it
+    /// keeps).
+    pub fn get_with(&self, id: &ObjectId, scope: &Scope, buffer: &BufferFor<'_>) -> Result<Got, ObjectError> {
+        match self.read_checked(id, std::slice::from_ref(scope), true, buffer)? {
             Checked::Matched(got) => Ok(got),
             Checked::InNoScope => unreachable!("a mismatch is quarantined and reported as corrupt"),
         }
@@ -132,17 +138,23 @@ impl ObjectStore {
     /// must decode and match one of `scopes`; bytes that decode but match none are left in place
     /// (`InNoScope`: a save in a namespace not yet committed, or garbage for gc), never quarantined.
     pub fn probe(&self, id: &ObjectId, scopes: &[Scope]) -> Result<Checked, ObjectError> {
-        self.read_checked(id, scopes, false)
+        self.read_checked(id, scopes, false, &fresh)
     }
 
-    fn read_checked(&self, id: &ObjectId, scopes: &[Scope], mismatch_is_corrupt: bool) -> Result<Checked, ObjectError> {
+    fn read_checked(
+        &self,
+        id: &ObjectId,
+        scopes: &[Scope],
+        mismatch_is_corrupt: bool,
+        buffer: &BufferFor<'_>,
+    ) -> Result<Checked, ObjectError> {
         // The encoded bytes go to a per-thread buffer, reused from object to object (no fresh pages per read).
         let (checked, stored_len) = READ_BUF.with(|buf| {
             let mut buf = buf.borrow_mut();
             if !self.backend.get_into(id, &mut buf)? {
                 return Err(ObjectError::Missing { id: *id });
             }
-            let checked = match decode(&buf) {
+            let checked = match decode_with(&buf, buffer) {
                 Ok(bytes) if scopes.iter().any(|s| s.id_of(&bytes) == *id) => {
                     self.backend.verified(id, &buf);
                     Ok(Some(bytes))
@@ -170,7 +182,7 @@ impl ObjectStore {
     /// `get` (which finds, quarantines and reports the bad one). Hashing each object as well would hash every byte
     /// twice (the largest cost of a materialize). None where the backend keeps a cache (it must see each object
     /// verified before keeping it) or where the object does not decode: the caller then uses `get`.
-    pub fn get_for_file_hash(&self, id: &ObjectId) -> Result<Option<Got>, ObjectError> {
+    pub fn get_for_file_hash(&self, id: &ObjectId, buffer: &BufferFor<'_>) -> Result<Option<Got>, ObjectError> {
         if self.backend.keeps_verified() {
             return Ok(None);
         }
@@ -179,13 +191,26 @@ impl ObjectStore {
             if !self.backend.get_into(id, &mut buf)? {
                 return Err(ObjectError::Missing { id: *id });
             }
-            Ok(decode(&buf).ok().map(|bytes| Got { bytes, stored_len: buf.len() as u64 }))
+            Ok(decode_with(&buf, buffer).ok().map(|bytes| Got { bytes, stored_len: buf.len() as u64 }))
         })
     }
 
     pub fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
         self.backend.exists(id)
     }
+}
+
+/// Where a read decodes an object of `raw_len` bytes: an empty buffer, ideally with that capacity.
+pub type BufferFor<'a> = dyn Fn(usize) -> Vec<u8> + Sync + 'a;
+
+fn fresh(_: usize) -> Vec<u8> {
+    Vec::new()
+}
+
+fn decode_with(encoded: &[u8], buffer: &BufferFor<'_>) -> Result<Vec<u8>, String> {
+    let mut raw = buffer(codec::declared_len(encoded).unwrap_or(0).min(codec::MAX_RAW_LEN) as usize);
+    codec::decode_into(encoded, &mut raw)?;
+    Ok(raw)
 }
 
 thread_local! {

@@ -4,6 +4,8 @@
 //! `interleave(deinterleave(x)) == x`; lengths need not be multiples of `planes`. Why: the high bytes of
 //! f16/bf16/f32 rows vary slowly, so zstd compresses each plane far better than the interleaved rows.
 
+use std::mem::MaybeUninit;
+
 /// Start of each plane when the planes of `raw_len` bytes lie back to back.
 pub fn plane_offsets(raw_len: usize, planes: usize) -> Vec<usize> {
     let mut at = 0;
@@ -55,8 +57,9 @@ pub fn deinterleave(raw: &[u8], planes: usize, out: &mut [u8]) {
     }
 }
 
-/// Inverse of [`deinterleave`].
-pub fn interleave(src: &[u8], planes: usize, raw: &mut [u8]) {
+/// Inverse of [`deinterleave`], into memory that may be uninitialized: every byte of `raw` is written (a
+/// decoded object goes into a buffer kept from an earlier read, not zeroed first).
+pub fn interleave(src: &[u8], planes: usize, raw: &mut [MaybeUninit<u8>]) {
     let n = raw.len();
     let full = n / planes;
     let offs = plane_offsets(n, planes);
@@ -64,8 +67,8 @@ pub fn interleave(src: &[u8], planes: usize, raw: &mut [u8]) {
         2 => {
             let (a, b) = src.split_at(offs[1]);
             for ((c, &x), &y) in raw.chunks_exact_mut(2).zip(a).zip(b) {
-                c[0] = x;
-                c[1] = y;
+                c[0].write(x);
+                c[1].write(y);
             }
         }
         4 => {
@@ -73,22 +76,22 @@ pub fn interleave(src: &[u8], planes: usize, raw: &mut [u8]) {
             let (b, rest) = rest.split_at(offs[2] - offs[1]);
             let (c, d) = rest.split_at(offs[3] - offs[2]);
             for ((((w, &x), &y), &z), &v) in raw.chunks_exact_mut(4).zip(a).zip(b).zip(c).zip(d) {
-                w[0] = x;
-                w[1] = y;
-                w[2] = z;
-                w[3] = v;
+                w[0].write(x);
+                w[1].write(y);
+                w[2].write(z);
+                w[3].write(v);
             }
         }
         _ => {
             for (p, &o) in offs.iter().enumerate() {
                 for (i, &x) in src[o..o + full].iter().enumerate() {
-                    raw[i * planes + p] = x;
+                    raw[i * planes + p].write(x);
                 }
             }
         }
     }
     for i in full * planes..n {
-        raw[i] = src[offs[i - full * planes] + full];
+        raw[i].write(src[offs[i - full * planes] + full]);
     }
 }
 

@@ -48,12 +48,20 @@ pub struct Loaded {
 impl Store {
     /// Read and verify a state's skeleton and distinct blocks (parallel).
     pub fn load(&self, target: &Target, expect: Option<&Fingerprint>) -> Result<Loaded> {
-        self.load_checked(target, expect, Check::EachObject, None)
+        self.load_checked(target, expect, Check::EachObject, None, false)
     }
 
     /// `check` is `FileHash` only where the rebuild for `n_stream` is byte-exact (decided on the manifest this
-    /// read resolved, the one the caller's file hash check will use).
-    fn load_checked(&self, target: &Target, expect: Option<&Fingerprint>, check: Check, n_stream: Option<u32>) -> Result<Loaded> {
+    /// read resolved, the one the caller's file hash check will use). `kept`: objects are decoded into buffers
+    /// kept between restores, which the caller gives back (`buffers.rs`).
+    fn load_checked(
+        &self,
+        target: &Target,
+        expect: Option<&Fingerprint>,
+        check: Check,
+        n_stream: Option<u32>,
+        kept: bool,
+    ) -> Result<Loaded> {
         let (mid, manifest) = self.resolve(target)?;
         let exact = n_stream.is_none() || n_stream == Some(manifest.n_stream);
         let check = if exact { check } else { Check::EachObject };
@@ -68,16 +76,17 @@ impl Store {
         // A bucket store fetches what its cache lacks in parallel (a local store: nothing).
         self.objects.backend().prefetch(&want)?;
         let scope = manifest.object_scope();
+        let take = |len: usize| if kept { self.buffers.take(len) } else { Vec::new() };
         let got: Vec<(ObjectId, Got)> = want
             .par_iter()
             .map(|id| {
                 let unhashed = match check {
-                    Check::FileHash => self.objects.get_for_file_hash(id)?,
+                    Check::FileHash => self.objects.get_for_file_hash(id, &take)?,
                     Check::EachObject => None,
                 };
                 match unhashed {
                     Some(g) => Ok((*id, g)),
-                    None => self.objects.get(id, &scope).map(|g| (*id, g)),
+                    None => self.objects.get_with(id, &scope, &take).map(|g| (*id, g)),
                 }
             })
             .collect::<std::result::Result<_, ObjectError>>()?;
@@ -110,7 +119,7 @@ impl Store {
     /// Rebuild a state's slot file in memory. Byte-exact (and checked against the stored file hash) unless
     /// `n_stream` asks for another stream count than the saved one.
     pub fn rebuild(&self, target: &Target, expect: Option<&Fingerprint>, n_stream: Option<u32>) -> Result<(Loaded, Vec<u8>)> {
-        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream, Check::FileHash)?;
+        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream, Check::FileHash, false)?;
         if !exact {
             return Ok((loaded, file));
         }
@@ -118,26 +127,34 @@ impl Store {
             return Ok((loaded, file));
         }
         // Read again, each object hashed: the bad one is quarantined and named.
-        let (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject)?;
+        let (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject, false)?;
         check_file_hash(target, &loaded, &file)?;
         Ok((loaded, file))
     }
 
     /// The rebuilt bytes and whether they must match the manifest's file hash (not yet checked). `check`:
-    /// `FileHash` is taken only for a byte-exact rebuild (the only one with a file hash to check).
+    /// `FileHash` is taken only for a byte-exact rebuild (the only one with a file hash to check). `kept`: the
+    /// bytes go into a buffer kept between restores, which the caller gives back (`buffers.rs`).
     fn rebuild_unchecked(
         &self,
         target: &Target,
         expect: Option<&Fingerprint>,
         n_stream: Option<u32>,
         check: Check,
+        kept: bool,
     ) -> Result<(Loaded, Vec<u8>, bool)> {
-        let loaded = self.load_checked(target, expect, check, n_stream)?;
+        let loaded = self.load_checked(target, expect, check, n_stream, kept)?;
         let m = &loaded.manifest;
         let exact = n_stream.is_none() || n_stream == Some(m.n_stream);
         let refs: Vec<&[u8]> = m.blocks.iter().map(|id| loaded.blocks[id].as_slice()).collect();
         let opts = EmitOptions { n_stream: if exact { None } else { n_stream } };
-        let file = format::recompose(&loaded.skeleton, &refs, &opts)?;
+        let mut file = if kept { self.buffers.take(m.file_bytes as usize) } else { Vec::new() };
+        if let Err(e) = format::recompose_into(&loaded.skeleton, &refs, &opts, &mut file) {
+            if kept {
+                self.buffers.give(file);
+            }
+            return Err(e.into());
+        }
         Ok((loaded, file, exact))
     }
 
@@ -152,34 +169,56 @@ impl Store {
         durable: bool,
     ) -> Result<MaterializeReport> {
         let t0 = Instant::now();
-        let (mut loaded, mut file, exact) = self.rebuild_unchecked(target, expect, n_stream, Check::FileHash)?;
-        let mismatch = std::sync::atomic::AtomicBool::new(false);
-        let written = {
-            let check = || {
-                let r = if exact { check_file_hash(target, &loaded, &file) } else { Ok(()) };
-                mismatch.store(r.is_err(), std::sync::atomic::Ordering::Relaxed);
-                r
-            };
-            atomic_write(out_path, FILE_TEMP, &file, durable, check)
-        };
-        if written.is_err() && mismatch.into_inner() {
-            // Read again, each object hashed: a bad object is quarantined and named; a rebuild that still does
-            // not match its file hash writes nothing.
-            (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject)?;
-            let check = || check_file_hash(target, &loaded, &file);
-            atomic_write(out_path, FILE_TEMP, &file, durable, check)?;
-        } else {
-            written?;
-        }
-        Ok(MaterializeReport {
+        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream, Check::FileHash, true)?;
+        let written = self.write_rebuilt(target, out_path, expect, n_stream, durable, loaded, &file, exact);
+        let file_bytes = file.len() as u64;
+        self.buffers.give(file);
+        let loaded = written?;
+        let report = MaterializeReport {
             manifest_id: loaded.manifest_id.hex(),
             n_tokens: loaded.manifest.n_tokens,
-            file_bytes: file.len() as u64,
+            file_bytes,
             objects_read: loaded.objects_read,
             read_raw_bytes: loaded.read_raw_bytes,
             read_stored_bytes: loaded.read_stored_bytes,
             elapsed_s: t0.elapsed().as_secs_f64(),
-        })
+        };
+        // The parts' buffers are kept for the next restore (on an error they were simply dropped).
+        loaded.blocks.into_values().for_each(|b| self.buffers.give(b));
+        self.buffers.give(loaded.skeleton);
+        Ok(report)
+    }
+
+    /// Write a rebuilt file atomically, its file hash checked beside the write. On a mismatch, read again
+    /// with each object hashed: a bad object is quarantined and named; a rebuild that still does not match its
+    /// file hash writes nothing. Returns the parts the written file was rebuilt from.
+    #[allow(clippy::too_many_arguments)]
+    fn write_rebuilt(
+        &self,
+        target: &Target,
+        out_path: &Path,
+        expect: Option<&Fingerprint>,
+        n_stream: Option<u32>,
+        durable: bool,
+        loaded: Loaded,
+        file: &[u8],
+        exact: bool,
+    ) -> Result<Loaded> {
+        let mismatch = std::sync::atomic::AtomicBool::new(false);
+        let check = || {
+            let r = if exact { check_file_hash(target, &loaded, file) } else { Ok(()) };
+            mismatch.store(r.is_err(), std::sync::atomic::Ordering::Relaxed);
+            r
+        };
+        match atomic_write(out_path, FILE_TEMP, file, durable, check) {
+            Ok(()) => Ok(loaded),
+            Err(e) if !mismatch.into_inner() => Err(e),
+            Err(_) => {
+                let (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject, false)?;
+                atomic_write(out_path, FILE_TEMP, &file, durable, || check_file_hash(target, &loaded, &file))?;
+                Ok(loaded)
+            }
+        }
     }
 }
 
@@ -231,6 +270,41 @@ mod tests {
         let by_id = s.load(&Target::Manifest(&l.manifest_id.hex()), None).unwrap();
         assert_eq!(by_id.manifest, l.manifest);
         assert!(matches!(s.load(&Target::Manifest("00"), None), Err(Error::ManifestNotFound { .. })));
+    }
+
+    /// Restores one after another take the buffers earlier ones left (other sizes, other bytes, another
+    /// model's layout) and are still byte-exact.
+    #[test]
+    #[ignore = "needs real slot files: ./dev test"]
+    fn restores_reuse_kept_buffers_and_stay_byte_exact() {
+        let d = TempDir::new("kept");
+        let s = open(&d, 32);
+        let files = [("big", crate::testutil::state_file("gemma3_child.bin")), ("small", crate::testutil::state_file("smollm2_child.bin"))];
+        for (name, bytes) in &files {
+            s.ingest(name, "", bytes, &fp(&[("model", name)]), None, false).unwrap();
+        }
+        assert!(files[0].1.len() > 2 * files[1].1.len());
+        let rebuilt = s.rebuild(&Target::Name { namespace: "", name: "big" }, None, None).unwrap().1;
+        assert_eq!(rebuilt, files[0].1);
+        assert_eq!(s.buffers.kept_bytes(), 0, "a rebuild handed to its caller keeps nothing");
+        // Big, small, big, small.
+        for i in 0..4 {
+            let (name, want) = &files[i % 2];
+            let out = d.0.join(format!("{name}{i}.bin"));
+            let r = s.materialize(&Target::Name { namespace: "", name }, &out, None, None, false).unwrap();
+            assert!(std::fs::read(&out).unwrap() == *want, "restore {i} of {name} is not byte-exact");
+            assert_eq!(r.file_bytes, want.len() as u64);
+            assert!(s.buffers.kept_bytes() >= want.len(), "the file's buffer is kept for the next restore");
+        }
+        // Another stream count rebuilds to other bytes, in kept buffers too, and reports their length.
+        let out = d.0.join("np3.bin");
+        let r = s.materialize(&Target::Name { namespace: "", name: "small" }, &out, None, Some(3), false).unwrap();
+        let np2 = std::fs::read(&out).unwrap();
+        assert_eq!(r.file_bytes, np2.len() as u64);
+        assert!(np2 != files[1].1);
+        let again = d.0.join("small-again.bin");
+        s.materialize(&Target::Name { namespace: "", name: "small" }, &again, None, None, false).unwrap();
+        assert!(std::fs::read(&again).unwrap() == files[1].1);
     }
 
     /// Real slot files (KVSTORE_STATE_DIR=dir of *.bin, see tests/make_states.py) through ingest/materialize.

@@ -37,6 +37,7 @@ mod lookup;
 mod materialize;
 mod cut;
 mod stats;
+mod buffers;
 mod verify;
 #[cfg(test)]
 mod scope_tests;
@@ -61,6 +62,8 @@ pub struct Store {
     pub(crate) index: Arc<Index>,
     pub(crate) objects: ObjectStore,
     pub(crate) catalog: Arc<dyn Catalog>,
+    /// Rebuild buffers kept between restores (`buffers.rs`).
+    pub(crate) buffers: buffers::Buffers,
 }
 
 /// Refuse a block size or zstd level out of range.
@@ -125,7 +128,7 @@ impl Store {
     ) -> Result<Store> {
         let block_size = index.block_size()?;
         check_params(block_size, level)?;
-        Ok(Store { root, block_size, level, index, objects, catalog })
+        Ok(Store { root, block_size, level, index, objects, catalog, buffers: Default::default() })
     }
 
     /// The catalog seam: where names live, locks, sync.
