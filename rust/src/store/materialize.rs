@@ -170,10 +170,19 @@ impl Store {
     ) -> Result<MaterializeReport> {
         let t0 = Instant::now();
         let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream, Check::FileHash, true)?;
-        let written = self.write_rebuilt(target, out_path, expect, n_stream, durable, loaded, &file, exact);
         let file_bytes = file.len() as u64;
+        let written = write_checked(target, out_path, durable, &loaded, &file, exact);
         self.buffers.give(file);
-        let loaded = written?;
+        let loaded = match written? {
+            true => loaded,
+            // Read again, each object hashed: a bad object is quarantined and named; a rebuild that still does
+            // not match its file hash writes nothing.
+            false => {
+                let (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject, false)?;
+                atomic_write(out_path, FILE_TEMP, &file, durable, || check_file_hash(target, &loaded, &file))?;
+                loaded
+            }
+        };
         let report = MaterializeReport {
             manifest_id: loaded.manifest_id.hex(),
             n_tokens: loaded.manifest.n_tokens,
@@ -188,37 +197,21 @@ impl Store {
         self.buffers.give(loaded.skeleton);
         Ok(report)
     }
+}
 
-    /// Write a rebuilt file atomically, its file hash checked beside the write. On a mismatch, read again
-    /// with each object hashed: a bad object is quarantined and named; a rebuild that still does not match its
-    /// file hash writes nothing. Returns the parts the written file was rebuilt from.
-    #[allow(clippy::too_many_arguments)]
-    fn write_rebuilt(
-        &self,
-        target: &Target,
-        out_path: &Path,
-        expect: Option<&Fingerprint>,
-        n_stream: Option<u32>,
-        durable: bool,
-        loaded: Loaded,
-        file: &[u8],
-        exact: bool,
-    ) -> Result<Loaded> {
-        let mismatch = std::sync::atomic::AtomicBool::new(false);
-        let check = || {
-            let r = if exact { check_file_hash(target, &loaded, file) } else { Ok(()) };
-            mismatch.store(r.is_err(), std::sync::atomic::Ordering::Relaxed);
-            r
-        };
-        match atomic_write(out_path, FILE_TEMP, file, durable, check) {
-            Ok(()) => Ok(loaded),
-            Err(e) if !mismatch.into_inner() => Err(e),
-            Err(_) => {
-                let (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject, false)?;
-                atomic_write(out_path, FILE_TEMP, &file, durable, || check_file_hash(target, &loaded, &file))?;
-                Ok(loaded)
-            }
-        }
+/// Write a rebuilt file atomically, its file hash checked beside the write (when `exact`). Ok(false): the hash
+/// did not match and nothing was written.
+fn write_checked(target: &Target, out_path: &Path, durable: bool, loaded: &Loaded, file: &[u8], exact: bool) -> Result<bool> {
+    let mismatch = std::sync::atomic::AtomicBool::new(false);
+    let check = || {
+        let r = if exact { check_file_hash(target, loaded, file) } else { Ok(()) };
+        mismatch.store(r.is_err(), std::sync::atomic::Ordering::Relaxed);
+        r
+    };
+    match atomic_write(out_path, FILE_TEMP, file, durable, check) {
+        Ok(()) => Ok(true),
+        Err(_) if mismatch.into_inner() => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
