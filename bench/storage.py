@@ -100,13 +100,14 @@ def run_long(model: str, work: Path, words: int, repeats: int = 15) -> dict:
     store = Store(str(work / "store"))
     store.ingest("long", str(src))
     size = src.stat().st_size
-    times = {"copy": [], "materialize": []}
+    ways = {"copy": lambda dst: _copy(src, dst, False), "materialize": lambda dst: store.materialize("long", str(dst))}
+    times = {key: [] for key in ways}
     for rep in range(repeats):
-        for key in ("copy", "materialize"):
+        for key, write in ways.items():
             dst = work / f"{key}.bin"
             os.sync()
             t0 = time.perf_counter()
-            _copy(src, dst, False) if key == "copy" else store.materialize("long", str(dst))
+            write(dst)
             times[key].append(time.perf_counter() - t0)
             if key == "materialize" and rep == 0:
                 assert dst.read_bytes() == src.read_bytes(), "materialize not byte-exact: the long state"

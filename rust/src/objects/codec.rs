@@ -107,7 +107,6 @@ fn read_u64(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// Decompress one frame into exactly `out` (its length is what the header promises).
 /// A frame that declares its size must declare `expect` bytes.
 fn check_declared(frame: &[u8], expect: usize, what: &str) -> Result<(), String> {
     match zstd::zstd_safe::get_frame_content_size(frame) {
@@ -117,6 +116,7 @@ fn check_declared(frame: &[u8], expect: usize, what: &str) -> Result<(), String>
     }
 }
 
+/// Decompress one frame into exactly `out` (its length is what the header promises).
 fn decompress_exact(frame: &[u8], out: &mut [u8], what: &str) -> Result<(), String> {
     let expect = out.len();
     check_declared(frame, expect, what)?;
@@ -168,18 +168,15 @@ pub fn decode_into(b: &[u8], raw: &mut Vec<u8>) -> Result<(), String> {
             raw.reserve(raw_len);
             // Into the spare capacity (zstd sets the length it wrote); a frame that writes other than raw_len
             // bytes is corrupt, and the buffer is left empty.
-            let n = with_dctx(|d| d.decompress_to_buffer(frame, raw))?.map_err(|e| format!("frame: zstd: {e}"));
-            match n {
-                Ok(n) if n == raw_len => Ok(()),
-                Ok(n) => {
-                    raw.clear();
-                    Err(format!("frame: decompressed {n} bytes, header says {raw_len}"))
-                }
-                Err(e) => {
-                    raw.clear();
-                    Err(e)
-                }
+            let wrote = with_dctx(|d| d.decompress_to_buffer(frame, raw))?;
+            if matches!(wrote, Ok(n) if n == raw_len) {
+                return Ok(());
             }
+            raw.clear();
+            Err(match wrote {
+                Ok(n) => format!("frame: decompressed {n} bytes, header says {raw_len}"),
+                Err(e) => format!("frame: zstd: {e}"),
+            })
         }
         CODEC_PLANES => {
             if planes < 2 {

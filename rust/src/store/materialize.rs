@@ -292,9 +292,9 @@ mod tests {
         // Another stream count rebuilds to other bytes, in kept buffers too, and reports their length.
         let out = d.0.join("np3.bin");
         let r = s.materialize(&Target::Name { namespace: "", name: "small" }, &out, None, Some(3), false).unwrap();
-        let np2 = std::fs::read(&out).unwrap();
-        assert_eq!(r.file_bytes, np2.len() as u64);
-        assert!(np2 != files[1].1);
+        let three_streams = std::fs::read(&out).unwrap();
+        assert_eq!(r.file_bytes, three_streams.len() as u64);
+        assert!(three_streams != files[1].1);
         let again = d.0.join("small-again.bin");
         s.materialize(&Target::Name { namespace: "", name: "small" }, &again, None, None, false).unwrap();
         assert!(std::fs::read(&again).unwrap() == files[1].1);
