@@ -2,12 +2,13 @@
 //!
 //! CONTRACT: a block of `n` cells is `for each layer: K rows (n x k_row), V rows (n x v_row)`, cells sorted by position,
 //! V always cell-major. `cut` builds blocks from a parsed file, `emit_file` writes a file from a decoded
-//! skeleton plus blocks. Both walk the plan's runs, so contiguous cells move with one `copy_from_slice`;
+//! skeleton plus blocks (into a buffer, or as pieces that point at the blocks: `sink.rs`). Both walk the plan's runs, so contiguous cells move with one `copy_from_slice`;
 //! only transposed V needs a strided gather/scatter, done one element column at a time over a run.
 
 use super::model::*;
 use super::plan::{Plan, UnitPlan};
 use super::reader::PutLe;
+use super::sink::Sink;
 use super::FormatError;
 
 /// Per-layer byte offset of the layer inside a one-cell block: sum of `k_row + v_row` of the layers before it.
@@ -119,19 +120,21 @@ pub(crate) fn block_lengths(cells: &Cells<'_>, plan: &Plan) -> Result<Vec<usize>
 }
 
 /// Writes a whole file. `plans[i]` belongs to the i-th entry of `file.units()` and owns its next
-/// `plans[i].n_blocks()` entries of `blocks`, whose lengths the caller has checked.
-pub(crate) struct Emitter<'p, 'b> {
+/// `plans[i].n_blocks()` entries of `blocks`, whose lengths the caller has checked. Into a buffer or as pieces
+/// that point at the blocks (`sink.rs`).
+pub(crate) struct Emitter<'p, 'a, 'b> {
     pub plans: std::slice::Iter<'p, UnitPlan>,
-    pub blocks: &'b [&'b [u8]],
+    pub blocks: &'a [&'b [u8]],
     pub n_stream: Option<u32>,
 }
 
-impl Emitter<'_, '_> {
-    pub fn file(&mut self, f: &SlotFile<'_>, out: &mut Vec<u8>) {
-        out.put_u32(super::MAGIC);
-        out.put_u32(super::VERSION);
-        out.put_u32((f.words.len() / 4) as u32);
-        out.extend_from_slice(f.words);
+impl<'b> Emitter<'_, '_, 'b> {
+    pub fn file(&mut self, f: &SlotFile<'_>, out: &mut impl Sink<'b>) {
+        let m = out.made();
+        m.put_u32(super::MAGIC);
+        m.put_u32(super::VERSION);
+        m.put_u32((f.words.len() / 4) as u32);
+        m.extend_from_slice(f.words);
         for s in &f.sections {
             self.section(s, out);
         }
@@ -139,79 +142,82 @@ impl Emitter<'_, '_> {
             self.recurrent(rc, out);
         }
         if let Some(a) = &f.appendix {
-            out.put_u32(super::SCKP_MAGIC);
-            out.put_u32(a.version);
-            out.put_u32(a.checkpoints.len() as u32);
+            let m = out.made();
+            m.put_u32(super::SCKP_MAGIC);
+            m.put_u32(a.version);
+            m.put_u32(a.checkpoints.len() as u32);
             for c in &a.checkpoints {
-                out.put_i64(c.n_tokens);
-                out.put_i32(c.pos_min);
-                out.put_i32(c.pos_max);
+                let m = out.made();
+                m.put_i64(c.n_tokens);
+                m.put_i32(c.pos_min);
+                m.put_i32(c.pos_max);
                 match &c.tgt {
                     Tgt::Opaque(b) => {
-                        out.put_u64(b.len() as u64);
-                        out.extend_from_slice(b);
+                        m.put_u64(b.len() as u64);
+                        m.extend_from_slice(b);
                     }
                     Tgt::Parsed { io_magic, seq_id, sections, recurrent } => {
-                        let len_at = out.len();
-                        out.put_u64(0);
-                        out.put_u32(*io_magic);
-                        out.put_i32(*seq_id);
+                        let (len_at, start) = out.mark_u64();
+                        out.made().put_u32(*io_magic);
+                        out.made().put_i32(*seq_id);
                         for s in sections {
                             self.section(s, out);
                         }
                         if let Some(rc) = recurrent {
                             self.recurrent(rc, out);
                         }
-                        let len = (out.len() - len_at - 8) as u64;
-                        out[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
+                        let len = out.len() - start;
+                        out.fill_u64(len_at, len);
                     }
                 }
-                out.put_u64(c.dft.len() as u64);
-                out.extend_from_slice(c.dft);
-                out.put_u64(c.spec.len() as u64);
-                out.extend_from_slice(c.spec);
+                let m = out.made();
+                m.put_u64(c.dft.len() as u64);
+                m.extend_from_slice(c.dft);
+                m.put_u64(c.spec.len() as u64);
+                m.extend_from_slice(c.spec);
             }
         }
-        out.extend_from_slice(f.trailing);
+        out.made().extend_from_slice(f.trailing);
     }
 
-    fn section(&mut self, s: &Section<'_>, out: &mut Vec<u8>) {
+    fn section(&mut self, s: &Section<'_>, out: &mut impl Sink<'b>) {
         let (n_stream, cell_stream) = match self.n_stream {
             Some(k) => (k, 0),
             None => (s.n_stream, s.cell_stream),
         };
-        out.put_u32(n_stream);
+        out.made().put_u32(n_stream);
         for st in 0..n_stream {
             match &s.cells {
                 Some(c) if st == cell_stream => self.cells(c, out),
-                _ => out.put_u32(0),
+                _ => out.made().put_u32(0),
             }
         }
     }
 
-    fn recurrent(&mut self, rc: &Recurrent<'_>, out: &mut Vec<u8>) {
+    fn recurrent(&mut self, rc: &Recurrent<'_>, out: &mut impl Sink<'b>) {
         let Some(UnitPlan::Rec(n)) = self.plans.next() else { unreachable!("plans follow units()") };
         let (blocks, rest) = self.blocks.split_at(*n);
         self.blocks = rest;
-        super::recurrent::emit(rc, blocks.first().copied().unwrap_or_default(), out);
+        super::recurrent::emit(rc, blocks.first().copied().unwrap_or_default(), out.made());
     }
 
-    fn cells(&mut self, c: &Cells<'_>, out: &mut Vec<u8>) {
+    fn cells(&mut self, c: &Cells<'_>, out: &mut impl Sink<'b>) {
         let Some(UnitPlan::Kv(plan)) = self.plans.next() else { unreachable!("plans follow units()") };
         let (blocks, rest) = self.blocks.split_at(plan.block_cells.len());
         self.blocks = rest;
         let prefix = layer_prefix(&c.layers);
         let count = c.count as usize;
-        out.put_u32(c.count);
-        out.extend_from_slice(c.meta);
-        put_layers_head(c, out);
+        let m = out.made();
+        m.put_u32(c.count);
+        m.extend_from_slice(c.meta);
+        put_layers_head(c, m);
         for (l, hdr) in c.layers.iter().enumerate() {
-            out.put_i32(hdr.k_ty);
-            out.put_u64(hdr.k_row);
+            out.made().put_i32(hdr.k_ty);
+            out.made().put_u64(hdr.k_row);
             let k_row = hdr.k_row as usize;
             for run in &plan.runs {
                 let at = plan.block_cells[run.block] * prefix[l] + run.row * k_row;
-                out.extend_from_slice(&blocks[run.block][at..at + run.len * k_row]);
+                out.block(&blocks[run.block][at..at + run.len * k_row]);
             }
         }
         for (l, hdr) in c.layers.iter().enumerate() {
@@ -220,21 +226,22 @@ impl Emitter<'_, '_> {
             let v_at = |run: &super::plan::Run| plan.block_cells[run.block] * (prefix[l] + k_row) + run.row * v_row;
             match hdr.v {
                 VLayout::Rows { ty, row } => {
-                    out.put_i32(ty);
-                    out.put_u64(row);
+                    out.made().put_i32(ty);
+                    out.made().put_u64(row);
                     for run in &plan.runs {
                         let at = v_at(run);
-                        out.extend_from_slice(&blocks[run.block][at..at + run.len * v_row]);
+                        out.block(&blocks[run.block][at..at + run.len * v_row]);
                     }
                 }
                 VLayout::Trans { ty, el, n_embd } => {
-                    out.put_i32(ty);
-                    out.put_u32(el);
-                    out.put_u32(n_embd);
+                    let m = out.made();
+                    m.put_i32(ty);
+                    m.put_u32(el);
+                    m.put_u32(n_embd);
                     let el = el as usize;
-                    let start = out.len();
-                    out.resize(start + count * v_row, 0);
-                    let region = &mut out[start..];
+                    let start = m.len();
+                    m.resize(start + count * v_row, 0);
+                    let region = &mut m[start..];
                     for j in 0..if el == 0 { 0 } else { n_embd as usize } {
                         for run in &plan.runs {
                             let at = v_at(run);

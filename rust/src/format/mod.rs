@@ -11,7 +11,8 @@
 //! recurrent section, documented there), `skeleton` (the
 //! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there),
 //! `rows` (row access to a decomposed state), `checkpoint` (sections from chosen rows, the cut checkpoint),
-//! `cut` (a slot file for the first P tokens of a state: a cut), `complete` (the sections a model implies).
+//! `cut` (a slot file for the first P tokens of a state: a cut), `complete` (the sections a model implies),
+//! `sink` (where an emitted file goes: a buffer, or pieces pointing at the blocks).
 
 mod checkpoint;
 mod complete;
@@ -26,6 +27,7 @@ mod plan;
 mod reader;
 mod recurrent;
 mod rows;
+mod sink;
 mod skeleton;
 #[cfg(test)]
 mod cut_tests;
@@ -36,6 +38,7 @@ mod tests;
 
 pub use complete::{ModelShape, Shape};
 pub use head::{check_head, HEAD_LEN};
+pub use sink::Pieces;
 use model::{SlotFile, Unit};
 pub use cut::{emit_prefix, Prefix, PrefixSpec, RowOrigin, StateRef};
 use plan::UnitPlan;
@@ -223,6 +226,29 @@ pub fn recompose(skeleton: &[u8], blocks: &[&[u8]], opts: &EmitOptions) -> Resul
 /// [`recompose`] into `out` (cleared first): a caller that rebuilds often passes a buffer it keeps, whose
 /// pages are already mapped.
 pub fn recompose_into(skeleton: &[u8], blocks: &[&[u8]], opts: &EmitOptions, out: &mut Vec<u8>) -> Result<(), FormatError> {
+    let (d, plans) = checked_plans(skeleton, blocks, opts)?;
+    let payload: usize = blocks.iter().map(|b| b.len()).sum();
+    let streams = opts.n_stream.unwrap_or(0) as usize * 4 * (d.file.sections.len() + 64);
+    out.clear();
+    out.reserve(skeleton.len().saturating_add(payload).saturating_add(streams));
+    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream }.file(&d.file, out);
+    Ok(())
+}
+
+/// [`recompose`] as pieces: the bytes it makes, and the blocks' rows pointed at, not copied (`sink.rs`).
+pub fn recompose_pieces<'b>(skeleton: &[u8], blocks: &[&'b [u8]], opts: &EmitOptions) -> Result<Pieces<'b>, FormatError> {
+    let (d, plans) = checked_plans(skeleton, blocks, opts)?;
+    let mut out = Pieces::default();
+    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream }.file(&d.file, &mut out);
+    Ok(out)
+}
+
+/// The skeleton decoded and its plans, once `opts` and the blocks' lengths are checked against it.
+fn checked_plans<'s>(
+    skeleton: &'s [u8],
+    blocks: &[&[u8]],
+    opts: &EmitOptions,
+) -> Result<(skeleton::Decoded<'s>, Vec<UnitPlan>), FormatError> {
     if let Some(k) = opts.n_stream {
         if k == 0 || k > MAX_EMIT_STREAMS {
             return Err(FormatError::Invalid {
@@ -245,10 +271,5 @@ pub fn recompose_into(skeleton: &[u8], blocks: &[&[u8]], opts: &EmitOptions, out
             i += 1;
         }
     }
-    let payload: usize = blocks.iter().map(|b| b.len()).sum();
-    let streams = opts.n_stream.unwrap_or(0) as usize * 4 * (d.file.sections.len() + 64);
-    out.clear();
-    out.reserve(skeleton.len().saturating_add(payload).saturating_add(streams));
-    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream }.file(&d.file, out);
-    Ok(())
+    Ok((d, plans))
 }

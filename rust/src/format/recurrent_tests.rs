@@ -132,6 +132,7 @@ fn hybrid_and_recurrent_files_round_trip() {
         assert_eq!(skeleton_block_lengths(&d.skeleton).unwrap(), lens);
         let blocks: Vec<&[u8]> = d.blocks.iter().map(|b| b.bytes.as_slice()).collect();
         assert!(recompose(&d.skeleton, &blocks, &EmitOptions::default()).unwrap() == f);
+        assert!(super::tests::pieces_bytes(&d.skeleton, &blocks, None) == f, "pieces: a recurrent state with a checkpoint");
         // a wrong-sized state block is refused, not emitted
         let mut short = blocks.clone();
         short[n_kv] = &blocks[n_kv][..8];

@@ -556,10 +556,12 @@ fn real_files_roundtrip() {
             let blocks = blocks_of(&d);
             let back = recompose(&d.skeleton, &blocks, &EmitOptions::default()).unwrap();
             assert!(back == f, "{}: round trip differs", p.display());
+            assert!(pieces_bytes(&d.skeleton, &blocks, None) == f, "{}: pieces differ", p.display());
             assert_eq!(skeleton_block_count(&d.skeleton).unwrap(), d.blocks.len());
             assert_eq!(skeleton_tokens(&d.skeleton).unwrap(), d.tokens);
             let k = d.n_stream % 3 + 1;
             let g = recompose(&d.skeleton, &blocks, &EmitOptions { n_stream: Some(k) }).unwrap();
+            assert!(pieces_bytes(&d.skeleton, &blocks, Some(k)) == g, "{}: pieces for {k} streams differ", p.display());
             let e = decompose(&g, bs).unwrap();
             assert_eq!((e.n_stream, &e.layout, &e.tokens), (k, &d.layout, &d.tokens));
             assert_eq!(blocks_of(&e), blocks);
@@ -579,3 +581,12 @@ fn real_files_roundtrip() {
     }
 }
 
+
+/// A file recomposed as pieces, concatenated (checked against its own length).
+pub(crate) fn pieces_bytes(skeleton: &[u8], blocks: &[&[u8]], n_stream: Option<u32>) -> Vec<u8> {
+    let mut pieces = recompose_pieces(skeleton, blocks, &EmitOptions { n_stream }).unwrap();
+    let total = pieces.total_len();
+    let bytes = pieces.slices().concat();
+    assert_eq!(bytes.len() as u64, total);
+    bytes
+}

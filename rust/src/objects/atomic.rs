@@ -9,7 +9,7 @@
 //! quarantined copies, lock keys).
 
 use std::fs::{File, Permissions};
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,6 +45,14 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
 
 /// A new temp file in `dir` holding `bytes`, fsynced if `durable`; removed when the returned path drops.
 fn write_temp(dir: &Path, name: TempName, bytes: &[u8], durable: bool) -> Result<TempPath, ObjectError> {
+    write_temp_pieces(dir, name, &[bytes], durable)
+}
+
+/// Most slices one `writev` takes (Linux's IOV_MAX).
+const IOV_MAX: usize = 1024;
+
+/// [`write_temp`] of `pieces` concatenated, written straight from them (`writev`: no copy into one buffer).
+fn write_temp_pieces(dir: &Path, name: TempName, pieces: &[&[u8]], durable: bool) -> Result<TempPath, ObjectError> {
     let mut f = tempfile::Builder::new()
         .prefix(name.prefix)
         .suffix(name.suffix)
@@ -52,11 +60,25 @@ fn write_temp(dir: &Path, name: TempName, bytes: &[u8], durable: bool) -> Result
         .permissions(Permissions::from_mode(0o666))
         .tempfile_in(dir)
         .map_err(|e| ObjectError::io(dir, e))?;
-    f.write_all(bytes).map_err(|e| ObjectError::io(f.path(), e))?;
+    write_all_pieces(f.as_file_mut(), pieces).map_err(|e| ObjectError::io(f.path(), e))?;
     if durable {
         f.as_file().sync_all().map_err(|e| ObjectError::io(f.path(), e))?;
     }
     Ok(f.into_temp_path())
+}
+
+fn write_all_pieces(f: &mut File, pieces: &[&[u8]]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = pieces.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match f.write_vectored(&rest[..rest.len().min(IOV_MAX)]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Write `bytes` to `target` atomically: a temp file named by `temp` beside it, (fsync), rename, (fsync dir).
@@ -68,8 +90,19 @@ pub fn atomic_write<E: From<ObjectError> + Send>(
     durable: bool,
     check: impl FnOnce() -> Result<(), E> + Send,
 ) -> Result<(), E> {
+    atomic_write_pieces(target, temp, &[bytes], durable, check)
+}
+
+/// [`atomic_write`] of `pieces` concatenated (written with `writev`, never copied into one buffer).
+pub fn atomic_write_pieces<E: From<ObjectError> + Send>(
+    target: &Path,
+    temp: TempName,
+    pieces: &[&[u8]],
+    durable: bool,
+    check: impl FnOnce() -> Result<(), E> + Send,
+) -> Result<(), E> {
     let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let (written, checked) = rayon::join(|| write_temp(dir, temp, bytes, durable), check);
+    let (written, checked) = rayon::join(|| write_temp_pieces(dir, temp, pieces, durable), check);
     let tmp = written?;
     checked?; // a failed check drops `tmp`, which removes it
     tmp.persist(target).map_err(|e| ObjectError::io(target, e.error))?;

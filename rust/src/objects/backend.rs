@@ -146,6 +146,11 @@ pub trait Backend: Send + Sync {
     fn keeps_verified(&self) -> bool {
         false
     }
+    /// Where `id` lies as a plain file, for a backend that keeps objects so (a raw object's bytes are then read
+    /// straight into the buffer they are used from); None: read it with `get_into`.
+    fn local_file(&self, _id: &ObjectId) -> Option<std::path::PathBuf> {
+        None
+    }
     /// The cache and the primary copy, for a backend that keeps both; None: this backend is the only copy.
     fn layers(&self) -> Option<Layers> {
         None

@@ -155,6 +155,10 @@ impl Backend for LocalDir {
         Ok(self.mtime(id)?.is_some())
     }
 
+    fn local_file(&self, id: &ObjectId) -> Option<PathBuf> {
+        Some(self.path_of(id))
+    }
+
     fn list(&self) -> Result<Vec<ObjectId>, ObjectError> {
         let mut out = Vec::new();
         for shard in self.shards()? {
