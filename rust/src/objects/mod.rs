@@ -4,7 +4,8 @@
 //! CONTRACT (docs/design.md "Objects"): an object is written once, atomically and durably, never rewritten;
 //! a put of present content only refreshes its mtime (gc's grace period protects it); every read is verified,
 //! by re-hashing the object (`get`) or, for a byte-exact rebuild of a local store, by the whole file's hash
-//! that the caller checks (`get_for_file_hash`: on a mismatch it reads again with `get`); a corrupt object is
+//! that the caller checks (`get_for_file_hash`: on a mismatch it reads again with `get`; a local raw object
+//! comes back mapped from its file, `Part::Mapped`, safe because object files are never rewritten); a corrupt object is
 //! moved aside (quarantine) so that saving the same state again repairs it. Objects
 //! know nothing of llama.cpp, LMDB or names, nor which backend holds them: a backend is a `Backend`, and
 //! what it reports is an `ObjectError` (one that could not reach its objects: `Unavailable`).
@@ -182,7 +183,7 @@ impl ObjectStore {
     /// `get` (which finds, quarantines and reports the bad one). Hashing each object as well would hash every byte
     /// twice (the largest cost of a materialize). None where the backend keeps a cache (it must see each object
     /// verified before keeping it) or where the object does not decode: the caller then uses `get`.
-    pub fn get_for_file_hash(&self, id: &ObjectId, buffer: &BufferFor<'_>) -> Result<Option<Got>, ObjectError> {
+    pub fn get_for_file_hash(&self, id: &ObjectId, buffer: &BufferFor<'_>) -> Result<Option<(Part, u64)>, ObjectError> {
         if self.backend.keeps_verified() {
             return Ok(None);
         }
@@ -194,12 +195,30 @@ impl ObjectStore {
             if !self.backend.get_into(id, &mut buf)? {
                 return Err(ObjectError::Missing { id: *id });
             }
-            Ok(decode_with(&buf, buffer).ok().map(|bytes| Got { bytes, stored_len: buf.len() as u64 }))
+            Ok(decode_with(&buf, buffer).ok().map(|bytes| (Part::Buffer(bytes), buf.len() as u64)))
         })
     }
 
     pub fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
         self.backend.exists(id)
+    }
+}
+
+/// An object's bytes as a restore uses them: decoded into a buffer, or mapped from the object's file (a raw
+/// object kept as a local file: the page cache's own pages, never copied into this process).
+pub enum Part {
+    Buffer(Vec<u8>),
+    /// The whole file; the bytes are those after the header.
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for Part {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Part::Buffer(b) => b,
+            Part::Mapped(m) => &m[codec::HEADER_LEN..],
+        }
     }
 }
 
@@ -210,10 +229,10 @@ fn fresh(_: usize) -> Vec<u8> {
     Vec::new()
 }
 
-/// [`ObjectStore::get_for_file_hash`] of an object kept as a file: a raw object (codec 2) is read straight
-/// into its buffer (its bytes are the file's after the header: no copy through `READ_BUF`), any other is read
+/// [`ObjectStore::get_for_file_hash`] of an object kept as a file: a raw object (codec 2) is mapped (its
+/// bytes are the file's after the header: nothing is copied until the restore writes them), any other is read
 /// whole and decoded. None where it does not decode (the caller reads it hashed, which names the fault).
-fn read_local(id: &ObjectId, path: &std::path::Path, buffer: &BufferFor<'_>) -> Result<Option<Got>, ObjectError> {
+fn read_local(id: &ObjectId, path: &std::path::Path, buffer: &BufferFor<'_>) -> Result<Option<(Part, u64)>, ObjectError> {
     use std::io::Read;
     let mut f = match std::fs::File::open(path) {
         Ok(f) => f,
@@ -225,19 +244,19 @@ fn read_local(id: &ObjectId, path: &std::path::Path, buffer: &BufferFor<'_>) -> 
     if f.read_exact(&mut head).is_err() {
         return Ok(None);
     }
-    if let Some(raw_len) = codec::raw_body_len(&head, file_len) {
-        let mut raw = buffer(raw_len);
-        raw.clear();
-        raw.reserve(raw_len);
-        let n = (&mut f).take(raw_len as u64).read_to_end(&mut raw).map_err(|e| ObjectError::io(path, e))?;
-        return Ok((n == raw_len).then_some(Got { bytes: raw, stored_len: file_len }));
+    if codec::raw_body_len(&head, file_len).is_some() {
+        // SAFETY: an object file is immutable: written once under a temp name and renamed into place, never
+        // rewritten or truncated by kvstore; gc unlinks it and quarantine renames it, and a mapping outlives
+        // both. (Only a process outside the store truncating the file while it is mapped could fault this one.)
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&f) }.map_err(|e| ObjectError::io(path, e))?;
+        return Ok((map.len() as u64 == file_len).then_some((Part::Mapped(map), file_len)));
     }
     READ_BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
         buf.extend_from_slice(&head);
         f.read_to_end(&mut buf).map_err(|e| ObjectError::io(path, e))?;
-        Ok(decode_with(&buf, buffer).ok().map(|bytes| Got { bytes, stored_len: buf.len() as u64 }))
+        Ok(decode_with(&buf, buffer).ok().map(|bytes| (Part::Buffer(bytes), buf.len() as u64)))
     })
 }
 

@@ -61,7 +61,7 @@ fn blocks_of(l: &Loaded) -> Result<Vec<&[u8]>> {
     l.manifest
         .blocks
         .iter()
-        .map(|id| l.blocks.get(id).map(|b| b.as_slice()).ok_or_else(|| Error::Invalid(format!("block {} not loaded", id.hex()))))
+        .map(|id| l.blocks.get(id).map(|b| &**b).ok_or_else(|| Error::Invalid(format!("block {} not loaded", id.hex()))))
         .collect()
 }
 

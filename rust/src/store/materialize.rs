@@ -1,5 +1,7 @@
 //! Materialize: a stored state → its slot file. `load` reads and verifies the skeleton and distinct blocks
-//! (parallel), `rebuild` recomposes the file in memory, `materialize` writes it atomically.
+//! (parallel), `rebuild` recomposes the file in memory, `materialize` writes it atomically straight from the
+//! parts (`format::recompose_pieces` + `writev`; a local store's raw objects are mapped, not read: the file's
+//! rows go from the objects' page cache to the file's once, as a copy's do).
 //!
 //! CONTRACT: `expect` (the server's fingerprint) is checked before any object is read; a rebuild with the
 //! saved stream count is byte-exact and checked against the manifest's file hash, a mismatch writes nothing.
@@ -20,7 +22,7 @@ use crate::format::{self, EmitOptions};
 use crate::id::{hex, ObjectId};
 use crate::manifest::{check_expect, Fingerprint, Manifest};
 use crate::objects::atomic::{atomic_write_pieces, FILE_TEMP};
-use crate::objects::{Got, ObjectError};
+use crate::objects::{ObjectError, Part};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MaterializeReport {
@@ -39,7 +41,7 @@ pub struct Loaded {
     pub manifest: Manifest,
     pub skeleton: Vec<u8>,
     /// Distinct blocks by id.
-    pub blocks: HashMap<ObjectId, Vec<u8>>,
+    pub blocks: HashMap<ObjectId, Part>,
     pub objects_read: usize,
     pub read_raw_bytes: u64,
     pub read_stored_bytes: u64,
@@ -77,7 +79,7 @@ impl Store {
         self.objects.backend().prefetch(&want)?;
         let scope = manifest.object_scope();
         let take = |len: usize| if kept { self.buffers.take(len) } else { Vec::new() };
-        let got: Vec<(ObjectId, Got)> = want
+        let got: Vec<(ObjectId, Part, u64)> = want
             .par_iter()
             .map(|id| {
                 let unhashed = match check {
@@ -85,8 +87,8 @@ impl Store {
                     Check::EachObject => None,
                 };
                 match unhashed {
-                    Some(g) => Ok((*id, g)),
-                    None => self.objects.get_with(id, &scope, &take).map(|g| (*id, g)),
+                    Some((part, stored_len)) => Ok((*id, part, stored_len)),
+                    None => self.objects.get_with(id, &scope, &take).map(|g| (*id, Part::Buffer(g.bytes), g.stored_len)),
                 }
             })
             .collect::<std::result::Result<_, ObjectError>>()?;
@@ -94,16 +96,19 @@ impl Store {
         let mut read_raw_bytes = 0;
         let mut read_stored_bytes = 0;
         let mut blocks = HashMap::with_capacity(got.len());
-        for (id, g) in got {
-            read_raw_bytes += g.bytes.len() as u64;
-            read_stored_bytes += g.stored_len;
-            blocks.insert(id, g.bytes);
+        for (id, part, stored_len) in got {
+            read_raw_bytes += part.len() as u64;
+            read_stored_bytes += stored_len;
+            blocks.insert(id, part);
         }
         // The skeleton may equal a block only by hash collision; share the bytes anyway.
         let skeleton = if manifest.blocks.contains(&manifest.skeleton) {
-            blocks[&skeleton_id].clone()
+            blocks[&skeleton_id].to_vec()
         } else {
-            blocks.remove(&skeleton_id).expect("skeleton was read")
+            match blocks.remove(&skeleton_id).expect("skeleton was read") {
+                Part::Buffer(b) => b,
+                mapped => mapped.to_vec(),
+            }
         };
         Ok(Loaded {
             manifest_id: mid,
@@ -193,7 +198,11 @@ impl Store {
 
     /// The parts' buffers are kept for the next restore.
     fn give_back(&self, loaded: Loaded) {
-        loaded.blocks.into_values().for_each(|b| self.buffers.give(b));
+        for part in loaded.blocks.into_values() {
+            if let Part::Buffer(b) = part {
+                self.buffers.give(b);
+            }
+        }
         self.buffers.give(loaded.skeleton);
     }
 }
@@ -203,7 +212,7 @@ impl Store {
 fn emit_args(loaded: &Loaded, n_stream: Option<u32>) -> (Vec<&[u8]>, EmitOptions, bool) {
     let m = &loaded.manifest;
     let exact = n_stream.is_none() || n_stream == Some(m.n_stream);
-    let refs = m.blocks.iter().map(|id| loaded.blocks[id].as_slice()).collect();
+    let refs = m.blocks.iter().map(|id| &*loaded.blocks[id]).collect();
     (refs, EmitOptions { n_stream: if exact { None } else { n_stream } }, exact)
 }
 
@@ -329,8 +338,12 @@ mod tests {
             let r = s.materialize(&Target::Name { namespace: "", name }, &out, None, None, false).unwrap();
             assert!(std::fs::read(&out).unwrap() == *want, "restore {i} of {name} is not byte-exact");
             assert_eq!(r.file_bytes, want.len() as u64);
-            assert!(s.buffers.kept_bytes() as u64 >= r.read_raw_bytes, "the parts' buffers are kept for the next restore");
+            assert!(s.buffers.kept_bytes() > 0, "the decoded parts' buffers (skeleton, compressed blocks) are kept");
         }
+        // Raw blocks are not copied at all: a restore maps their files.
+        let l = s.load_checked(&Target::Name { namespace: "", name: "big" }, None, Check::FileHash, None, true).unwrap();
+        let mapped = l.blocks.values().filter(|p| matches!(p, Part::Mapped(_))).count();
+        assert!(mapped * 2 > l.blocks.len(), "{mapped} of {} blocks mapped", l.blocks.len());
         // Another stream count rebuilds to other bytes, in kept buffers too, and reports their length.
         let out = d.0.join("np3.bin");
         let r = s.materialize(&Target::Name { namespace: "", name: "small" }, &out, None, Some(3), false).unwrap();
