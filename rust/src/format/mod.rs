@@ -218,21 +218,12 @@ fn plans_of(f: &SlotFile<'_>, block_size: u32) -> Result<Vec<UnitPlan>, FormatEr
 
 /// Rebuild a file. `blocks[i]` is the block the skeleton references as index i; lengths are checked.
 pub fn recompose(skeleton: &[u8], blocks: &[&[u8]], opts: &EmitOptions) -> Result<Vec<u8>, FormatError> {
-    let mut out = Vec::new();
-    recompose_into(skeleton, blocks, opts, &mut out)?;
-    Ok(out)
-}
-
-/// [`recompose`] into `out` (cleared first): a caller that rebuilds often passes a buffer it keeps, whose
-/// pages are already mapped.
-pub fn recompose_into(skeleton: &[u8], blocks: &[&[u8]], opts: &EmitOptions, out: &mut Vec<u8>) -> Result<(), FormatError> {
     let (d, plans) = checked_plans(skeleton, blocks, opts)?;
     let payload: usize = blocks.iter().map(|b| b.len()).sum();
     let streams = opts.n_stream.unwrap_or(0) as usize * 4 * (d.file.sections.len() + 64);
-    out.clear();
-    out.reserve(skeleton.len().saturating_add(payload).saturating_add(streams));
-    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream }.file(&d.file, out);
-    Ok(())
+    let mut out = Vec::with_capacity(skeleton.len().saturating_add(payload).saturating_add(streams));
+    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream }.file(&d.file, &mut out);
+    Ok(out)
 }
 
 /// [`recompose`] as pieces: the bytes it makes, and the blocks' rows pointed at, not copied (`sink.rs`).

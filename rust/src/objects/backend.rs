@@ -146,8 +146,8 @@ pub trait Backend: Send + Sync {
     fn keeps_verified(&self) -> bool {
         false
     }
-    /// Where `id` lies as a plain file, for a backend that keeps objects so (a raw object's bytes are then read
-    /// straight into the buffer they are used from); None: read it with `get_into`.
+    /// Where `id` lies as a plain file, for a backend that keeps objects so (a raw object is then mapped, not
+    /// read: `ObjectStore::get_for_file_hash`); None: read it with `get_into`.
     fn local_file(&self, _id: &ObjectId) -> Option<std::path::PathBuf> {
         None
     }

@@ -173,12 +173,15 @@ pub fn declared_len(b: &[u8]) -> Option<u64> {
     read_u64(b, 8)
 }
 
-/// The raw length of a codec-2 object (its bytes are the file's after the header) whose file is
-/// `file_len` bytes and begins with `head`; None for any other header (decode such a file whole).
-pub fn raw_body_len(head: &[u8; HEADER_LEN], file_len: u64) -> Option<usize> {
-    let ok = &head[..4] == MAGIC && head[4] == OBJECT_VERSION && head[5] == CODEC_RAW;
-    let raw_len = read_u64(head, 8)?;
-    (ok && raw_len <= MAX_RAW_LEN && file_len.checked_sub(HEADER_LEN as u64) == Some(raw_len)).then_some(raw_len as usize)
+/// Whether a file of `file_len` bytes that begins with `head` is a codec-2 object whose header is whole and
+/// true (its bytes are then the file's after the header, to be used as they lie).
+pub fn is_raw_file(head: &[u8; HEADER_LEN], file_len: u64) -> bool {
+    let raw_len = read_u64(head, 8).unwrap_or(u64::MAX);
+    &head[..4] == MAGIC
+        && head[4] == OBJECT_VERSION
+        && head[5] == CODEC_RAW
+        && raw_len <= MAX_RAW_LEN
+        && file_len.checked_sub(HEADER_LEN as u64) == Some(raw_len)
 }
 
 /// [`decode`] into `raw`, replacing what it held and reusing its capacity: the bytes are written once, into

@@ -187,8 +187,8 @@ impl ObjectStore {
         if self.backend.keeps_verified() {
             return Ok(None);
         }
-        if let Some(path) = self.backend.local_file(id) {
-            return read_local(id, &path, buffer);
+        if let Some(mapped) = self.backend.local_file(id).map(|path| map_raw(id, &path)).transpose()?.flatten() {
+            return Ok(Some(mapped));
         }
         READ_BUF.with(|buf| {
             let mut buf = buf.borrow_mut();
@@ -229,10 +229,9 @@ fn fresh(_: usize) -> Vec<u8> {
     Vec::new()
 }
 
-/// [`ObjectStore::get_for_file_hash`] of an object kept as a file: a raw object (codec 2) is mapped (its
-/// bytes are the file's after the header: nothing is copied until the restore writes them), any other is read
-/// whole and decoded. None where it does not decode (the caller reads it hashed, which names the fault).
-fn read_local(id: &ObjectId, path: &std::path::Path, buffer: &BufferFor<'_>) -> Result<Option<(Part, u64)>, ObjectError> {
+/// A raw object (codec 2) kept as a file, mapped: its bytes are the file's after the header, so nothing is
+/// copied until the restore writes them. None for any other object (it is read and decoded as usual).
+fn map_raw(id: &ObjectId, path: &std::path::Path) -> Result<Option<(Part, u64)>, ObjectError> {
     use std::io::Read;
     let mut f = match std::fs::File::open(path) {
         Ok(f) => f,
@@ -241,23 +240,14 @@ fn read_local(id: &ObjectId, path: &std::path::Path, buffer: &BufferFor<'_>) -> 
     };
     let file_len = f.metadata().map_err(|e| ObjectError::io(path, e))?.len();
     let mut head = [0u8; codec::HEADER_LEN];
-    if f.read_exact(&mut head).is_err() {
+    if f.read_exact(&mut head).is_err() || !codec::is_raw_file(&head, file_len) {
         return Ok(None);
     }
-    if codec::raw_body_len(&head, file_len).is_some() {
-        // SAFETY: an object file is immutable: written once under a temp name and renamed into place, never
-        // rewritten or truncated by kvstore; gc unlinks it and quarantine renames it, and a mapping outlives
-        // both. (Only a process outside the store truncating the file while it is mapped could fault this one.)
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&f) }.map_err(|e| ObjectError::io(path, e))?;
-        return Ok((map.len() as u64 == file_len).then_some((Part::Mapped(map), file_len)));
-    }
-    READ_BUF.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        buf.clear();
-        buf.extend_from_slice(&head);
-        f.read_to_end(&mut buf).map_err(|e| ObjectError::io(path, e))?;
-        Ok(decode_with(&buf, buffer).ok().map(|bytes| (Part::Buffer(bytes), buf.len() as u64)))
-    })
+    // SAFETY: an object file is immutable: written once under a temp name and renamed into place, never
+    // rewritten or truncated by kvstore; gc unlinks it and quarantine renames it, and a mapping outlives
+    // both. (Only a process outside the store truncating the file while it is mapped could fault this one.)
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(&f) }.map_err(|e| ObjectError::io(path, e))?;
+    Ok((map.len() as u64 == file_len).then_some((Part::Mapped(map), file_len)))
 }
 
 fn decode_with(encoded: &[u8], buffer: &BufferFor<'_>) -> Result<Vec<u8>, String> {
