@@ -234,3 +234,38 @@ def test_bucket_down_reads_from_cache_writes_fail_fast(state_files, tmp_path, mo
     with pytest.raises(RemoteUnavailable):
         b.materialize("p", str(out))
     assert time.monotonic() - t0 < 60
+
+
+def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_files, tmp_path, monkeypatch):
+    """B restores two states it never held (full attention and sliding window), two requests at once per state:
+    each is byte-exact, B's cache keeps them (no staged copy left behind), and with the bucket gone B restores
+    both again from its cache alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    w = Weed(tmp_path / "weed")
+    w.start()
+    files = {n: state_files[n] for n in ("smollm2_parent", "gemma3_parent")}
+    try:
+        w.bucket("cold")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", w.endpoint)
+        url = "s3://cold/x"
+        a = _core.Store(url, cache=str(tmp_path / "a"))
+        for name, f in files.items():
+            a.ingest(name, str(f))
+        b = _core.Store(url, cache=str(tmp_path / "b"))
+        jobs = [(name, tmp_path / f"{name}.{k}.bin") for name in files for k in range(2)]
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            reports = list(pool.map(lambda j: b.materialize(j[0], str(j[1])), jobs))
+        for (name, out), rep in zip(jobs, reports):
+            assert _core.hash_file(str(out)) == _core.hash_file(str(files[name])), name
+            assert rep["read_stored_bytes"] > 0
+    finally:
+        w.stop()
+    cached = [p for p in (tmp_path / "b").rglob("*") if p.is_file() and p.parent.name != "index"]
+    assert not [p for p in cached if p.name.startswith(".tmp-")], "a staged copy was left behind"
+    st = b.stats()
+    assert st["cache_bytes"] > sum(f.stat().st_size for f in files.values()) // 4, st
+    for name, f in files.items():
+        out = tmp_path / f"{name}.warm.bin"
+        b.materialize(name, str(out))
+        assert _core.hash_file(str(out)) == _core.hash_file(str(f)), name

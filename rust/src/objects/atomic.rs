@@ -188,6 +188,30 @@ pub fn write_batch(
     Ok(lens)
 }
 
+/// Files written under temp names beside their targets and renamed onto them only by `persist` (a cache's
+/// copies of fetched objects, written while the restore that will verify them runs); dropped before that,
+/// every temp file is removed. Not fsynced: for a directory whose files are copies of what lives elsewhere.
+#[derive(Default)]
+pub struct Staged {
+    files: Vec<(TempPath, PathBuf, u64)>,
+}
+
+impl Staged {
+    /// Write `bytes` under a temp name (`temp`) beside `target`, whose directory must exist.
+    pub fn add(&mut self, target: PathBuf, temp: TempName, bytes: &[u8]) -> Result<(), ObjectError> {
+        let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let tmp = write_temp(dir, temp, bytes, false)?;
+        self.files.push((tmp, target, bytes.len() as u64));
+        Ok(())
+    }
+
+    /// Rename every file onto its target unless the target is there already (another restore's copy of the
+    /// same object: then it is removed and not counted); returns the bytes put in place.
+    pub fn persist(self) -> u64 {
+        self.files.into_iter().filter_map(|(tmp, target, len)| tmp.persist_noclobber(&target).ok().map(|_| len)).sum()
+    }
+}
+
 /// mtime := now, also on read-only files we own (utimensat), unlike opening for write.
 pub fn touch_now(p: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
@@ -198,5 +222,39 @@ pub fn touch_now(p: &Path) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v
+    }
+
+    /// Staged files are invisible until `persist`, gone if dropped before, and never replace a file there.
+    #[test]
+    fn staged_files_appear_only_when_persisted_and_never_clobber() {
+        let d = TempDir::new("staged");
+        let (a, b) = (d.0.join("a"), d.0.join("b"));
+        let mut dropped = Staged::default();
+        dropped.add(a.clone(), OBJECT_TEMP, b"first").unwrap();
+        assert_eq!(names(&d.0).len(), 1, "the temp file is written");
+        drop(dropped);
+        assert!(names(&d.0).is_empty(), "dropped: the temp file is removed");
+
+        std::fs::write(&b, b"already").unwrap();
+        let mut staged = Staged::default();
+        staged.add(a.clone(), OBJECT_TEMP, b"first").unwrap();
+        staged.add(b.clone(), OBJECT_TEMP, b"other copy").unwrap();
+        assert_eq!(names(&d.0).len(), 3);
+        assert_eq!(staged.persist(), 5, "only the new file counts");
+        assert_eq!(names(&d.0), ["a", "b"]);
+        assert_eq!(std::fs::read(&a).unwrap(), b"first");
+        assert_eq!(std::fs::read(&b).unwrap(), b"already");
     }
 }

@@ -7,10 +7,14 @@
 //! from; `quarantine` moves a corrupt object aside so that the next put of the same content rewrites it. A
 //! backend that could not reach where it keeps objects reports `ObjectError::Unavailable` (backend-neutral).
 
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
+
+use super::atomic::Staged;
 use crate::id::ObjectId;
 use crate::unavailable::Unavailable;
 
@@ -62,6 +66,20 @@ pub struct Usage {
     pub primary: Option<(u64, u64)>,
     /// (bytes used, bound) of the local cache.
     pub cache: Option<(u64, Option<u64>)>,
+}
+
+/// Objects `Backend::fetch` brought for one read: encoded bytes by id, not yet verified (slices of the
+/// responses they came in, never copied).
+#[derive(Default)]
+pub struct Fetched(pub HashMap<ObjectId, Bytes>);
+
+impl Fetched {
+    pub fn get(&self, id: &ObjectId) -> Option<&Bytes> {
+        self.0.get(id)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// An object listed with its modification time (the backend's clock) and stored length.
@@ -136,16 +154,22 @@ pub trait Backend: Send + Sync {
     fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError>;
     /// Move a corrupt object aside (kept for inspection), so that the next put of the same content rewrites it.
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError>;
-    /// A hint that these objects are about to be read (a remote backend fetches the missing ones in parallel).
-    fn prefetch(&self, _ids: &[ObjectId]) -> Result<(), ObjectError> {
-        Ok(())
+    /// Fetch those of `ids` that must come from afar (a bucket store: what its cache lacks, in parallel), encoded,
+    /// neither verified nor kept: the reader verifies them (`ObjectStore::get_fetched`, or a rebuilt file's
+    /// hash) and then hands them to `keep`. A backend that holds its objects where it reads them fetches nothing.
+    fn fetch(&self, _ids: &[ObjectId]) -> Result<Fetched, ObjectError> {
+        Ok(Fetched::default())
     }
+    /// Write fetched objects where this backend would keep them, not yet visible (a cache: temp files), so
+    /// that the writing runs beside the caller's check of them; `keep` makes them visible once they passed it,
+    /// and dropping what this returns removes them. A backend that holds its objects already stages nothing.
+    fn stage(&self, _fetched: &Fetched) -> Staged {
+        Staged::default()
+    }
+    /// Make staged objects visible (the caller verified them: a cache keeps them for the next read).
+    fn keep(&self, _staged: Staged) {}
     /// The bytes `get_into` just returned for `id` passed the hash check (a cache keeps them only then).
     fn verified(&self, _id: &ObjectId, _encoded: &[u8]) {}
-    /// Whether `verified` matters to this backend (it keeps what passed): then every read must be hashed.
-    fn keeps_verified(&self) -> bool {
-        false
-    }
     /// Where `id` lies as a plain file, for a backend that keeps objects so (a raw object is then mapped, not
     /// read: `ObjectStore::get_for_file_hash`); None: read it with `get_into`.
     fn local_file(&self, _id: &ObjectId) -> Option<std::path::PathBuf> {

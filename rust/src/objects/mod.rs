@@ -3,10 +3,12 @@
 //!
 //! CONTRACT (docs/design.md "Objects"): an object is written once, atomically and durably, never rewritten;
 //! a put of present content only refreshes its mtime (gc's grace period protects it); every read is verified,
-//! by re-hashing the object (`get`) or, for a byte-exact rebuild of a local store, by the whole file's hash
-//! that the caller checks (`get_for_file_hash`: on a mismatch it reads again with `get`; a local raw object
-//! comes back mapped from its file, `Part::Mapped`, safe because object files are never rewritten); a corrupt object is
-//! moved aside (quarantine) so that saving the same state again repairs it. Objects
+//! by re-hashing the object (`get`) or, for a byte-exact rebuild, by the whole file's hash that the caller
+//! checks (`get_for_file_hash`: on a mismatch it reads again with `get_fetched`; a raw object kept as a local
+//! file comes back mapped from it, `Part::Mapped`, safe because object files are never rewritten; one a
+//! bucket store fetched comes back as a slice of the response, `Part::Shared`); what a backend fetched is kept
+//! (`Backend::keep`) only once verified; a corrupt object is moved aside (quarantine) where it was read, so
+//! that saving the same state again repairs it. Objects
 //! know nothing of llama.cpp, LMDB or names, nor which backend holds them: a backend is a `Backend`, and
 //! what it reports is an `ObjectError` (one that could not reach its objects: `Unavailable`).
 //!
@@ -24,7 +26,7 @@ pub mod codec;
 mod local;
 mod planes;
 
-pub use backend::{is_disk_full, Backend, Layers, ObjectError, Stamped, Usage};
+pub use backend::{is_disk_full, Backend, Fetched, Layers, ObjectError, Stamped, Usage};
 pub use codec::{decode, encode};
 pub use local::LocalDir;
 
@@ -129,7 +131,13 @@ impl ObjectStore {
     /// [`get`](Self::get), decoding into `buffer(raw_len)` (a caller that reads many objects passes buffers it
     /// keeps).
     pub fn get_with(&self, id: &ObjectId, scope: &Scope, buffer: &BufferFor<'_>) -> Result<Got, ObjectError> {
-        match self.read_checked(id, std::slice::from_ref(scope), true, buffer)? {
+        self.get_fetched(id, scope, buffer, &Fetched::default())
+    }
+
+    /// [`get_with`](Self::get_with) that takes the encoded bytes from `fetched` where they are there (a bucket
+    /// store's `Backend::fetch`), else from the backend. A mismatch is quarantined where the bytes came from.
+    pub fn get_fetched(&self, id: &ObjectId, scope: &Scope, buffer: &BufferFor<'_>, fetched: &Fetched) -> Result<Got, ObjectError> {
+        match self.read_checked(id, std::slice::from_ref(scope), true, buffer, fetched.get(id))? {
             Checked::Matched(got) => Ok(got),
             Checked::InNoScope => unreachable!("a mismatch is quarantined and reported as corrupt"),
         }
@@ -139,7 +147,7 @@ impl ObjectStore {
     /// must decode and match one of `scopes`; bytes that decode but match none are left in place
     /// (`InNoScope`: a save in a namespace not yet committed, or garbage for gc), never quarantined.
     pub fn probe(&self, id: &ObjectId, scopes: &[Scope]) -> Result<Checked, ObjectError> {
-        self.read_checked(id, scopes, false, &fresh)
+        self.read_checked(id, scopes, false, &fresh, None)
     }
 
     fn read_checked(
@@ -148,24 +156,30 @@ impl ObjectStore {
         scopes: &[Scope],
         mismatch_is_corrupt: bool,
         buffer: &BufferFor<'_>,
+        fetched: Option<&bytes::Bytes>,
     ) -> Result<Checked, ObjectError> {
-        // The encoded bytes go to a per-thread buffer, reused from object to object (no fresh pages per read).
-        let (checked, stored_len) = READ_BUF.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            if !self.backend.get_into(id, &mut buf)? {
-                return Err(ObjectError::Missing { id: *id });
-            }
-            let checked = match decode_with(&buf, buffer) {
-                Ok(bytes) if scopes.iter().any(|s| s.id_of(&bytes) == *id) => {
-                    self.backend.verified(id, &buf);
-                    Ok(Some(bytes))
+        let check = |encoded: &[u8], from_backend: bool| match decode_with(encoded, buffer) {
+            Ok(bytes) if scopes.iter().any(|s| s.id_of(&bytes) == *id) => {
+                if from_backend {
+                    self.backend.verified(id, encoded);
                 }
-                Ok(_) if !mismatch_is_corrupt => Ok(None),
-                Ok(_) => Err("hash mismatch".to_string()),
-                Err(reason) => Err(reason),
-            };
-            Ok((checked, buf.len() as u64))
-        })?;
+                Ok(Some(bytes))
+            }
+            Ok(_) if !mismatch_is_corrupt => Ok(None),
+            Ok(_) => Err("hash mismatch".to_string()),
+            Err(reason) => Err(reason),
+        };
+        let (checked, stored_len) = match fetched {
+            Some(encoded) => (check(encoded, false), encoded.len() as u64),
+            // The encoded bytes go to a per-thread buffer, reused from object to object (no fresh pages per read).
+            None => READ_BUF.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                if !self.backend.get_into(id, &mut buf)? {
+                    return Err(ObjectError::Missing { id: *id });
+                }
+                Ok((check(&buf, true), buf.len() as u64))
+            })?,
+        };
         match checked {
             Ok(Some(bytes)) => Ok(Checked::Matched(Got { bytes, stored_len })),
             Ok(None) => Ok(Checked::InNoScope),
@@ -180,14 +194,22 @@ impl ObjectStore {
 
     /// Read and decode without re-hashing, for a caller that checks the bytes another way: a byte-exact rebuild
     /// checks the whole file against the manifest's file hash and, on a mismatch, reads every object again with
-    /// `get` (which finds, quarantines and reports the bad one). Hashing each object as well would hash every byte
-    /// twice (the largest cost of a materialize). None where the backend keeps a cache (it must see each object
-    /// verified before keeping it) or where the object does not decode: the caller then uses `get`.
-    pub fn get_for_file_hash(&self, id: &ObjectId, buffer: &BufferFor<'_>) -> Result<Option<(Part, u64)>, ObjectError> {
-        if self.backend.keeps_verified() {
-            return Ok(None);
+    /// `get_fetched` (which finds, quarantines and reports the bad one). Hashing each object as well would hash
+    /// every byte twice (the largest cost of a materialize). The bytes come from `fetched` where they are there,
+    /// else from a file the backend keeps (a raw one mapped), else from `get_into`. None where the object does
+    /// not decode: the caller then uses `get_fetched`.
+    pub fn get_for_file_hash(&self, id: &ObjectId, buffer: &BufferFor<'_>, fetched: &Fetched) -> Result<Option<(Part, u64)>, ObjectError> {
+        if let Some(encoded) = fetched.get(id) {
+            let raw = encoded.len() >= codec::HEADER_LEN
+                && codec::is_raw_file(encoded[..codec::HEADER_LEN].try_into().expect("header length"), encoded.len() as u64);
+            let part = if raw {
+                Some(Part::Shared(encoded.slice(codec::HEADER_LEN..)))
+            } else {
+                decode_with(encoded, buffer).ok().map(Part::Buffer)
+            };
+            return Ok(part.map(|p| (p, encoded.len() as u64)));
         }
-        if let Some(mapped) = self.backend.local_file(id).map(|path| map_raw(id, &path)).transpose()?.flatten() {
+        if let Some(mapped) = self.backend.local_file(id).map(|path| map_raw(&path)).transpose()?.flatten() {
             return Ok(Some(mapped));
         }
         READ_BUF.with(|buf| {
@@ -204,12 +226,15 @@ impl ObjectStore {
     }
 }
 
-/// An object's bytes as a restore uses them: decoded into a buffer, or mapped from the object's file (a raw
-/// object kept as a local file: the page cache's own pages, never copied into this process).
+/// An object's bytes as a restore uses them: decoded into a buffer, mapped from the object's file (a raw
+/// object kept as a local file: the page cache's own pages, never copied into this process), or a raw
+/// object's bytes where they were fetched (a slice of the response).
 pub enum Part {
     Buffer(Vec<u8>),
     /// The whole file; the bytes are those after the header.
     Mapped(memmap2::Mmap),
+    /// The bytes after the header.
+    Shared(bytes::Bytes),
 }
 
 impl std::ops::Deref for Part {
@@ -218,6 +243,7 @@ impl std::ops::Deref for Part {
         match self {
             Part::Buffer(b) => b,
             Part::Mapped(m) => &m[codec::HEADER_LEN..],
+            Part::Shared(b) => b,
         }
     }
 }
@@ -230,12 +256,13 @@ fn fresh(_: usize) -> Vec<u8> {
 }
 
 /// A raw object (codec 2) kept as a file, mapped: its bytes are the file's after the header, so nothing is
-/// copied until the restore writes them. None for any other object (it is read and decoded as usual).
-fn map_raw(id: &ObjectId, path: &std::path::Path) -> Result<Option<(Part, u64)>, ObjectError> {
+/// copied until the restore writes them. None for any other object (it is read and decoded as usual) and for
+/// a file that is not there (a cache's evicted copy: `get_into` fetches it, or reports it missing).
+fn map_raw(path: &std::path::Path) -> Result<Option<(Part, u64)>, ObjectError> {
     use std::io::Read;
     let mut f = match std::fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ObjectError::Missing { id: *id }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(ObjectError::io(path, e)),
     };
     let file_len = f.metadata().map_err(|e| ObjectError::io(path, e))?.len();

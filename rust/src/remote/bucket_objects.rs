@@ -366,10 +366,6 @@ impl Backend for BucketObjects {
         self.bucket.put(&format!("quarantine/{}.{}", id.hex(), unique_suffix()), bytes)?;
         self.prune(&[*id])
     }
-
-    fn prefetch(&self, _ids: &[ObjectId]) -> Result<(), ObjectError> {
-        Ok(())
-    }
 }
 
 /// How many of these ids lie in each pack (tests look inside).
@@ -382,4 +378,10 @@ pub fn packs_of(objects: &BucketObjects, ids: &[ObjectId]) -> std::collections::
         }
     }
     out
+}
+
+/// Where an object lies in the bucket: its pack's key, offset and length (tests corrupt it there).
+#[cfg(test)]
+pub fn located(objects: &BucketObjects, id: &ObjectId) -> Option<(String, u64, u64)> {
+    objects.packs.locate(id).map(|l| (pack_key(&l.pack), l.entry.offset, l.entry.len as u64))
 }

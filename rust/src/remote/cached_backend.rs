@@ -1,12 +1,13 @@
 //! `CachedBackend`, the `Backend` of a bucket store: the bucket behind the local cache (`lru_cache.rs`).
 //!
 //! CONTRACT: reads try the cache, then the bucket; bytes fetched from the bucket are kept only after they
-//! passed the hash check (`verified`), or by `prefetch` (parallel; a bad copy is caught and dropped at its
-//! read). A put goes to the bucket first, then to the cache, so a cached object was in the bucket. Dedup
+//! passed a hash check: their own (`verified`), or the restored file's (`fetch`, then `keep`). A put goes to
+//! the bucket first, then to the cache, so a cached object was in the bucket. Dedup
 //! (`touch`) trusts the cache once it was revalidated, else asks the bucket (HEAD). A corrupt copy is
 //! quarantined where it was read: the cache's if it holds one, else the bucket's.
 
 use std::cell::Cell;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -14,7 +15,8 @@ use std::time::{Duration, SystemTime};
 use super::bucket_objects::BucketObjects;
 use super::lru_cache::LruCache;
 use crate::id::ObjectId;
-use crate::objects::{Backend, Layers, LocalDir, ObjectError, Stamped, Usage};
+use crate::objects::atomic::Staged;
+use crate::objects::{Backend, Fetched, Layers, LocalDir, ObjectError, Stamped, Usage};
 
 thread_local! {
     /// The object the last `get_into` on this thread fetched from the bucket (kept once verified).
@@ -76,25 +78,31 @@ impl Backend for CachedBackend {
         }
     }
 
-    fn keeps_verified(&self) -> bool {
-        true
-    }
-
-    fn prefetch(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
+    /// What the cache lacks, from the bucket (ranged GETs in parallel); an object the bucket lacks is left out
+    /// (its read reports it missing).
+    fn fetch(&self, ids: &[ObjectId]) -> Result<Fetched, ObjectError> {
         let missing: Vec<ObjectId> = ids.iter().filter(|id| !self.cache.holds(id)).copied().collect();
         if missing.is_empty() {
-            return Ok(());
+            return Ok(Fetched::default());
         }
-        // Errors are left to the reads that follow (the cache may hold enough to serve).
-        if let Ok(got) = self.bucket.download(missing.clone()) {
-            // Written to the cache by several threads at once (one after another cost as much as the download).
-            let (ids, bytes): (Vec<ObjectId>, Vec<_>) =
-                missing.into_iter().zip(got).filter_map(|(id, b)| b.map(|b| (id, b))).unzip();
-            if let Ok(sizes) = self.cache.dir.put_files(&ids, &|k| Ok(Some(bytes[k].to_vec()))) {
-                self.cache.added(sizes.iter().flatten().sum());
-            }
-        }
-        Ok(())
+        let got = self.bucket.download(missing.clone())?;
+        Ok(Fetched(missing.into_iter().zip(got).filter_map(|(id, b)| b.map(|b| (id, b))).collect()))
+    }
+
+    /// What the cache lacks of `fetched`, written under temp names (renamed by `keep`).
+    fn stage(&self, fetched: &Fetched) -> Staged {
+        let fresh: Vec<(ObjectId, &[u8])> =
+            fetched.0.iter().filter(|(id, _)| !self.cache.holds(id)).map(|(id, b)| (*id, &b[..])).collect();
+        self.cache.dir.stage(&fresh)
+    }
+
+    fn keep(&self, staged: Staged) {
+        self.cache.added(staged.persist());
+    }
+
+    /// A cached copy is a plain file (a raw one is mapped by a restore, and checked by its file hash).
+    fn local_file(&self, id: &ObjectId) -> Option<PathBuf> {
+        Some(self.cache.dir.path_of(id))
     }
 
     fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {

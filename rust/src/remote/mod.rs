@@ -52,6 +52,8 @@ pub mod url;
 #[cfg(test)]
 mod pack_tests;
 #[cfg(test)]
+mod restore_tests;
+#[cfg(test)]
 mod tests;
 
 pub use bucket_objects::BucketObjects;

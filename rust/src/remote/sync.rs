@@ -98,19 +98,24 @@ pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    c.cached.backend().prefetch(&need)?;
+    let mut from_bucket = c.cached.backend().fetch(&need)?;
     let mut manifests: HashMap<ObjectId, (Manifest, Vec<u8>)> = HashMap::new();
     for id in &need {
         // A missing or corrupt manifest still gets its name row (gc then refuses, verify names it).
-        let got = match c.cached.get(id, &Scope::Unkeyed) {
+        let got = match c.cached.get_fetched(id, &Scope::Unkeyed, &|_| Vec::new(), &from_bucket) {
             Ok(got) => got,
-            Err(ObjectError::Missing { .. } | ObjectError::Corrupt { .. }) => continue,
+            Err(ObjectError::Missing { .. } | ObjectError::Corrupt { .. }) => {
+                from_bucket.0.remove(id);
+                continue;
+            }
             Err(e) => return Err(e.into()),
         };
         if let Ok(m) = Manifest::from_json(*id, &got.bytes) {
             manifests.insert(*id, (m, got.bytes));
         }
     }
+    let backend = c.cached.backend();
+    backend.keep(backend.stage(&from_bucket));
 
     let mut report = SyncReport { names: listed.len(), manifests_fetched: need.len(), ..Default::default() };
     let listed_set: HashSet<(&str, &str)> = listed.iter().map(|(ns, n, _)| (ns.as_str(), n.as_str())).collect();

@@ -1,13 +1,15 @@
 //! Materialize: a stored state → its slot file. `load` reads and verifies the skeleton and distinct blocks
 //! (parallel), `rebuild` recomposes the file in memory, `materialize` writes it atomically straight from the
-//! parts (`format::recompose_pieces` + `writev`; a local store's raw objects are mapped, not read: the file's
-//! rows go from the objects' page cache to the file's once, as a copy's do).
+//! parts (`format::recompose_pieces` + `writev`; raw objects kept as local files, a local store's or a bucket
+//! store's cache, are mapped, not read: the file's rows go from the objects' page cache to the file's once, as
+//! a copy's do; what a bucket store fetched is used where it lies in the responses).
 //!
 //! CONTRACT: `expect` (the server's fingerprint) is checked before any object is read; a rebuild with the
 //! saved stream count is byte-exact and checked against the manifest's file hash, a mismatch writes nothing.
-//! That check is what verifies a local store's objects on this path (each is decoded, not hashed again:
+//! That check is what verifies the objects on this path (each is decoded, not hashed again:
 //! `ObjectStore::get_for_file_hash`); on a mismatch every object is read again hashed, so the bad one is found,
-//! quarantined and named in the error, as on any other read.
+//! quarantined and named in the error, as on any other read. What a bucket store fetched goes to its cache
+//! only once verified: staged beside the write, kept when the file hash matched (`Backend::stage`, `keep`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -21,8 +23,8 @@ use crate::error::Result;
 use crate::format::{self, EmitOptions};
 use crate::id::{hex, ObjectId};
 use crate::manifest::{check_expect, Fingerprint, Manifest};
-use crate::objects::atomic::{atomic_write_pieces, FILE_TEMP};
-use crate::objects::{ObjectError, Part};
+use crate::objects::atomic::{atomic_write_pieces, Staged, FILE_TEMP};
+use crate::objects::{Fetched, ObjectError, Part};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MaterializeReport {
@@ -45,6 +47,9 @@ pub struct Loaded {
     pub objects_read: usize,
     pub read_raw_bytes: u64,
     pub read_stored_bytes: u64,
+    /// What a bucket store fetched for a read checked by the file hash (`Backend::fetch`), for the caller to
+    /// keep once the hash matched (a read that hashed each object kept its own already: then empty).
+    fetched: Fetched,
 }
 
 impl Store {
@@ -75,20 +80,24 @@ impl Store {
         want.push(skeleton_id);
         let mut seen = HashSet::new();
         want.retain(|id| seen.insert(*id));
-        // A bucket store fetches what its cache lacks in parallel (a local store: nothing).
-        self.objects.backend().prefetch(&want)?;
+        // A bucket store fetches what its cache lacks in parallel (a local store: nothing); they are kept once
+        // verified (`keep_fetched`).
+        let fetched = self.objects.backend().fetch(&want)?;
         let scope = manifest.object_scope();
         let take = |len: usize| if kept { self.buffers.take(len) } else { Vec::new() };
         let got: Vec<(ObjectId, Part, u64)> = want
             .par_iter()
             .map(|id| {
                 let unhashed = match check {
-                    Check::FileHash => self.objects.get_for_file_hash(id, &take)?,
+                    Check::FileHash => self.objects.get_for_file_hash(id, &take, &fetched)?,
                     Check::EachObject => None,
                 };
                 match unhashed {
                     Some((part, stored_len)) => Ok((*id, part, stored_len)),
-                    None => self.objects.get_with(id, &scope, &take).map(|g| (*id, Part::Buffer(g.bytes), g.stored_len)),
+                    None => self
+                        .objects
+                        .get_fetched(id, &scope, &take, &fetched)
+                        .map(|g| (*id, Part::Buffer(g.bytes), g.stored_len)),
                 }
             })
             .collect::<std::result::Result<_, ObjectError>>()?;
@@ -110,7 +119,7 @@ impl Store {
                 mapped => mapped.to_vec(),
             }
         };
-        Ok(Loaded {
+        let loaded = Loaded {
             manifest_id: mid,
             manifest,
             skeleton,
@@ -118,7 +127,24 @@ impl Store {
             objects_read,
             read_raw_bytes,
             read_stored_bytes,
-        })
+            fetched: match check {
+                Check::FileHash => fetched,
+                Check::EachObject => {
+                    self.keep_fetched(&fetched); // each object was hashed as it was read
+                    Fetched::default()
+                }
+            },
+        };
+        Ok(loaded)
+    }
+
+    /// What a read fetched, kept (a bucket store's cache) now that it is verified: each object hashed as it
+    /// was read, or the rebuilt file's hash matched.
+    fn keep_fetched(&self, fetched: &Fetched) {
+        if !fetched.is_empty() {
+            let backend = self.objects.backend();
+            backend.keep(backend.stage(fetched));
+        }
     }
 
     /// Rebuild a state's slot file in memory. Byte-exact (and checked against the stored file hash) unless
@@ -129,6 +155,7 @@ impl Store {
             return Ok((loaded, file));
         }
         if check_file_hash(target, &loaded, &[&file]).is_ok() {
+            self.keep_fetched(&loaded.fetched);
             return Ok((loaded, file));
         }
         // Read again, each object hashed: the bad one is quarantined and named.
@@ -165,9 +192,12 @@ impl Store {
     ) -> Result<MaterializeReport> {
         let t0 = Instant::now();
         let loaded = self.load_checked(target, expect, Check::FileHash, n_stream, true)?;
-        let written = write_checked(target, out_path, durable, &loaded, n_stream);
+        let (written, staged) = self.write_staging(target, out_path, durable, &loaded, n_stream);
         let (loaded, file_bytes) = match written {
-            Ok(Some(file_bytes)) => (loaded, file_bytes),
+            Ok(Some(file_bytes)) => {
+                self.objects.backend().keep(staged); // verified by the file hash
+                (loaded, file_bytes)
+            }
             // Read again, each object hashed: a bad object is quarantined and named; a rebuild that still does
             // not match its file hash writes nothing.
             Ok(None) => {
@@ -194,6 +224,28 @@ impl Store {
         };
         self.give_back(loaded);
         Ok(report)
+    }
+
+    /// `write_checked`, and beside it what the read fetched staged where the backend keeps it (a bucket
+    /// store's cache: its own write, on a thread of its own, overlaps the restore's; it is kept only if the
+    /// file hash matched).
+    fn write_staging(
+        &self,
+        target: &Target,
+        out_path: &Path,
+        durable: bool,
+        loaded: &Loaded,
+        n_stream: Option<u32>,
+    ) -> (Result<Option<u64>>, Staged) {
+        if loaded.fetched.is_empty() {
+            return (write_checked(target, out_path, durable, loaded, n_stream), Staged::default());
+        }
+        let backend = self.objects.backend();
+        std::thread::scope(|sc| {
+            let staging = sc.spawn(|| backend.stage(&loaded.fetched));
+            let written = write_checked(target, out_path, durable, loaded, n_stream);
+            (written, staging.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        })
     }
 
     /// The parts' buffers are kept for the next restore.
