@@ -145,7 +145,7 @@ def s3core(model: str, wd: Path) -> dict:
     files = storage.make_family(model, wd / "files", 600, 1)
     aws = seaweed().env({})  # only the variables pointing at this run's SeaweedFS
     with bucket_env(aws, drop=("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE")):
-        return remote_core.measure(f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", str(files[-1]))
+        return remote_core.measure(f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", str(files[-1]), n=9)
 
 
 def table(results: dict) -> str:

@@ -5,7 +5,8 @@
 Prints: save (upload) and restore (cold cache / warm cache) throughput next to a local store's, a plain GET of
 one object as large as the state's stored bytes, the cost of a save whose objects are all known (lock + name
 compare-and-swap), of the first save after a gc elsewhere (the cache re-check), and how long a dead endpoint
-takes to fail. Each timing is the median of N runs (default 5).
+takes to fail. Each timing is the median of N runs (default 5); the restores, the copy and the GET run side by
+side in each round.
 """
 from __future__ import annotations
 
@@ -40,8 +41,6 @@ def measure(url: str, state: str, n: int = 5) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="kvs-bench-"))
     local = _core.Store(str(tmp / "local"))
     t_local_save = med(lambda: local.ingest("s", state), 1)
-    t_local_load = med(lambda: local.materialize("s", str(tmp / "l.bin")), n)
-    t_copy = med(lambda: shutil.copyfile(state, tmp / "copy.bin"), n)
     t_local_resave = med(lambda: local.ingest("s", state), n)
 
     a = _core.Store(url, cache=str(tmp / "a"))
@@ -50,20 +49,35 @@ def measure(url: str, state: str, n: int = 5) -> dict:
     t_save = time.perf_counter() - t0
     stored = r["new_stored_bytes"]
     t_resave = med(lambda: a.ingest("s", state), n)
-    colds = []
-    for k in range(n):
-        b = _core.Store(url, cache=str(tmp / f"b{k}"))
-        t0 = time.perf_counter()
-        b.materialize("s", str(tmp / "b.bin"))
-        colds.append(time.perf_counter() - t0)
-    t_cold = statistics.median(colds)
-    t_warm = med(lambda: b.materialize("s", str(tmp / "b.bin")), n)
 
     # A plain GET of one object as large as the state's stored bytes (anonymous endpoint).
     bucket, _, prefix = url[len("s3://"):].partition("/")
     key = f"{endpoint}/{bucket}/{prefix}/bench-blob"
     urllib.request.urlopen(urllib.request.Request(key, data=os.urandom(stored), method="PUT")).read()
-    t_get = med(lambda: urllib.request.urlopen(key).read(), n)
+
+    # Side by side, round after round (a shared machine drifts): a local restore, a page-cache copy, a cold
+    # restore (a new cache), a warm one (the same cache again), one GET. Each writes a new file, removed
+    # untimed, so that none pays for replacing its previous output.
+    runs: dict[str, list[float]] = {k: [] for k in ("local", "copy", "cold", "warm", "get")}
+
+    def timed(kind: str, f) -> None:
+        t0 = time.perf_counter()
+        f()
+        runs[kind].append(time.perf_counter() - t0)
+
+    for k in range(n):
+        out = tmp / f"out{k}.bin"
+        timed("local", lambda: local.materialize("s", str(out)))
+        out.unlink()
+        timed("copy", lambda: shutil.copyfile(state, out))
+        out.unlink()
+        b = _core.Store(url, cache=str(tmp / f"b{k}"))
+        timed("cold", lambda: b.materialize("s", str(out)))
+        out.unlink()
+        timed("warm", lambda: b.materialize("s", str(out)))
+        out.unlink()
+        timed("get", lambda: urllib.request.urlopen(key).read())
+    t_local_load, t_copy, t_cold, t_warm, t_get = (statistics.median(runs[k]) for k in ("local", "copy", "cold", "warm", "get"))
 
     # The first save after a gc elsewhere re-checks the cache (one listing), then saves as usual.
     b.gc(grace_seconds=3600)
