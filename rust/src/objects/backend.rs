@@ -20,7 +20,7 @@ use crate::unavailable::Unavailable;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
-    #[error("object {id}: {reason} (moved to objects/.quarantine; saving the same state again repairs it); run `kvstore verify` to see which names are affected")]
+    #[error("object {id}: {reason} (moved aside: to objects/.quarantine in a local store, to quarantine/ in a bucket; a cache's copy is dropped; saving the same state again repairs it); run `kvstore verify` to see which names are affected")]
     Corrupt { id: ObjectId, reason: String },
     #[error("object {id} is missing; run `kvstore verify`")]
     Missing { id: ObjectId },
