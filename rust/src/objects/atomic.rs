@@ -192,11 +192,11 @@ pub fn write_batch(
 /// copies of fetched objects, written while the restore that will verify them runs); dropped before that,
 /// every temp file is removed. Not fsynced: for a directory whose files are copies of what lives elsewhere.
 #[derive(Default)]
-pub struct Staged {
+pub struct StagedFiles {
     files: Vec<(TempPath, PathBuf, u64)>,
 }
 
-impl Staged {
+impl StagedFiles {
     /// Write `bytes` under a temp name (`temp`) beside `target`, whose directory must exist.
     pub fn add(&mut self, target: PathBuf, temp: TempName, bytes: &[u8]) -> Result<(), ObjectError> {
         let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -241,14 +241,14 @@ mod tests {
     fn staged_files_appear_only_when_persisted_and_never_clobber() {
         let d = TempDir::new("staged");
         let (a, b) = (d.0.join("a"), d.0.join("b"));
-        let mut dropped = Staged::default();
+        let mut dropped = StagedFiles::default();
         dropped.add(a.clone(), OBJECT_TEMP, b"first").unwrap();
         assert_eq!(names(&d.0).len(), 1, "the temp file is written");
         drop(dropped);
         assert!(names(&d.0).is_empty(), "dropped: the temp file is removed");
 
         std::fs::write(&b, b"already").unwrap();
-        let mut staged = Staged::default();
+        let mut staged = StagedFiles::default();
         staged.add(a.clone(), OBJECT_TEMP, b"first").unwrap();
         staged.add(b.clone(), OBJECT_TEMP, b"other copy").unwrap();
         assert_eq!(names(&d.0).len(), 3);

@@ -14,7 +14,6 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use super::atomic::Staged;
 use crate::id::ObjectId;
 use crate::unavailable::Unavailable;
 
@@ -79,6 +78,23 @@ impl Fetched {
     }
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+/// What `Backend::stage` wrote and has not yet made visible: `Backend::keep` commits it; dropped uncommitted,
+/// it is removed.
+#[derive(Default)]
+pub struct Staged(Option<Box<dyn FnOnce() -> u64 + Send>>);
+
+impl Staged {
+    /// `commit` makes the staged objects visible and returns the bytes it put in place; whatever it owns is
+    /// dropped, and so removed, if it never runs.
+    pub fn new(commit: impl FnOnce() -> u64 + Send + 'static) -> Self {
+        Staged(Some(Box::new(commit)))
+    }
+    /// The bytes put in place (0 for nothing staged).
+    pub fn commit(self) -> u64 {
+        self.0.map_or(0, |commit| commit())
     }
 }
 

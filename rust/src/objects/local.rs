@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use rayon::prelude::*;
 
-use super::atomic::{atomic_write, fsync_dir, touch_now, unique_suffix, write_batch, Staged, OBJECT_TEMP};
+use super::atomic::{atomic_write, fsync_dir, touch_now, unique_suffix, write_batch, StagedFiles, OBJECT_TEMP};
 use super::{Backend, ObjectError, TEMP_PREFIX};
 use crate::id::ObjectId;
 
@@ -99,10 +99,10 @@ impl LocalDir {
 
 impl LocalDir {
     /// Write these objects' encoded bytes under temp names beside where they belong, to be renamed into place
-    /// by `Staged::persist` (a cache's copies of objects its restore has yet to verify). One that cannot be
-    /// written is left out: the caller holds the object elsewhere.
-    pub fn stage(&self, objects: &[(ObjectId, &[u8])]) -> Staged {
-        let mut staged = Staged::default();
+    /// by `StagedFiles::persist` (a cache's copies of objects its restore has yet to verify). One that cannot
+    /// be written is left out: the caller holds the object elsewhere.
+    pub fn stage(&self, objects: &[(ObjectId, &[u8])]) -> StagedFiles {
+        let mut staged = StagedFiles::default();
         let targets: Vec<PathBuf> = objects.iter().map(|(id, _)| self.path_of(id)).collect();
         if self.make_shards(&targets).is_ok() {
             for (target, (_, encoded)) in targets.into_iter().zip(objects) {

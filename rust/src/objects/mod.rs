@@ -26,7 +26,7 @@ pub mod codec;
 mod local;
 mod planes;
 
-pub use backend::{is_disk_full, Backend, Fetched, Layers, ObjectError, Stamped, Usage};
+pub use backend::{is_disk_full, Backend, Fetched, Layers, ObjectError, Staged, Stamped, Usage};
 pub use codec::{decode, encode};
 pub use local::LocalDir;
 

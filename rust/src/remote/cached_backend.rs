@@ -15,8 +15,7 @@ use std::time::{Duration, SystemTime};
 use super::bucket_objects::BucketObjects;
 use super::lru_cache::LruCache;
 use crate::id::ObjectId;
-use crate::objects::atomic::Staged;
-use crate::objects::{Backend, Fetched, Layers, LocalDir, ObjectError, Stamped, Usage};
+use crate::objects::{Backend, Fetched, Layers, LocalDir, ObjectError, Staged, Stamped, Usage};
 
 thread_local! {
     /// The object the last `get_into` on this thread fetched from the bucket (kept once verified).
@@ -93,11 +92,12 @@ impl Backend for CachedBackend {
     fn stage(&self, fetched: &Fetched) -> Staged {
         let fresh: Vec<(ObjectId, &[u8])> =
             fetched.0.iter().filter(|(id, _)| !self.cache.holds(id)).map(|(id, b)| (*id, &b[..])).collect();
-        self.cache.dir.stage(&fresh)
+        let files = self.cache.dir.stage(&fresh);
+        Staged::new(move || files.persist())
     }
 
     fn keep(&self, staged: Staged) {
-        self.cache.added(staged.persist());
+        self.cache.added(staged.commit());
     }
 
     /// A cached copy is a plain file (a raw one is mapped by a restore, and checked by its file hash).

@@ -23,8 +23,8 @@ use crate::error::Result;
 use crate::format::{self, EmitOptions};
 use crate::id::{hex, ObjectId};
 use crate::manifest::{check_expect, Fingerprint, Manifest};
-use crate::objects::atomic::{atomic_write_pieces, Staged, FILE_TEMP};
-use crate::objects::{Fetched, ObjectError, Part};
+use crate::objects::atomic::{atomic_write_pieces, FILE_TEMP};
+use crate::objects::{Fetched, ObjectError, Part, Staged};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MaterializeReport {
