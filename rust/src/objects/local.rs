@@ -95,9 +95,7 @@ impl LocalDir {
         }
         Ok(out)
     }
-}
 
-impl LocalDir {
     /// Write these objects' encoded bytes under temp names beside where they belong, to be renamed into place
     /// by `StagedFiles::persist` (a cache's copies of objects its restore has yet to verify). One that cannot
     /// be written is left out: the caller holds the object elsewhere.

@@ -221,6 +221,14 @@ impl ObjectStore {
         })
     }
 
+    /// Keep what `Backend::fetch` brought once the caller verified it (a bucket store's cache writes it now;
+    /// a restore that overlaps that write with its own uses `Backend::stage` and `keep` itself).
+    pub fn keep_fetched(&self, fetched: &Fetched) {
+        if !fetched.is_empty() {
+            self.backend.keep(self.backend.stage(fetched));
+        }
+    }
+
     pub fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
         self.backend.exists(id)
     }

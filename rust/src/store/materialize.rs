@@ -81,7 +81,7 @@ impl Store {
         let mut seen = HashSet::new();
         want.retain(|id| seen.insert(*id));
         // A bucket store fetches what its cache lacks in parallel (a local store: nothing); they are kept once
-        // verified (`keep_fetched`).
+        // verified (`ObjectStore::keep_fetched`).
         let fetched = self.objects.backend().fetch(&want)?;
         let scope = manifest.object_scope();
         let take = |len: usize| if kept { self.buffers.take(len) } else { Vec::new() };
@@ -119,7 +119,7 @@ impl Store {
                 mapped => mapped.to_vec(),
             }
         };
-        let loaded = Loaded {
+        Ok(Loaded {
             manifest_id: mid,
             manifest,
             skeleton,
@@ -130,21 +130,11 @@ impl Store {
             fetched: match check {
                 Check::FileHash => fetched,
                 Check::EachObject => {
-                    self.keep_fetched(&fetched); // each object was hashed as it was read
+                    self.objects.keep_fetched(&fetched); // each object was hashed as it was read
                     Fetched::default()
                 }
             },
-        };
-        Ok(loaded)
-    }
-
-    /// What a read fetched, kept (a bucket store's cache) now that it is verified: each object hashed as it
-    /// was read, or the rebuilt file's hash matched.
-    fn keep_fetched(&self, fetched: &Fetched) {
-        if !fetched.is_empty() {
-            let backend = self.objects.backend();
-            backend.keep(backend.stage(fetched));
-        }
+        })
     }
 
     /// Rebuild a state's slot file in memory. Byte-exact (and checked against the stored file hash) unless
@@ -155,7 +145,7 @@ impl Store {
             return Ok((loaded, file));
         }
         if check_file_hash(target, &loaded, &[&file]).is_ok() {
-            self.keep_fetched(&loaded.fetched);
+            self.objects.keep_fetched(&loaded.fetched); // the rebuilt file's hash matched
             return Ok((loaded, file));
         }
         // Read again, each object hashed: the bad one is quarantined and named.
