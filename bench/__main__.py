@@ -148,12 +148,21 @@ def s3core(model: str, wd: Path) -> dict:
         return remote_core.measure(f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", str(files[-1]), n=9)
 
 
+def add_alone_ratios(rows: list) -> None:
+    """W1 with requests in flight: each target's TTFT over its tokens' evaluation alone, at the rate of its own
+    one-at-a-time run in this run (`workloads.alone_ratio`)."""
+    alone = {r["target"]: r for r in rows if r["workload"] == "W1 one at a time"}
+    for r in rows:
+        if r["workload"] == "W1" and r["target"] in alone:
+            r["ttft_returning_over_alone_eval_p50"] = workloads.alone_ratio(r, alone[r["target"]])
+
+
 def table(results: dict) -> str:
     lines = []
     for model, block in results["models"].items():
         lines.append(f"\n### {model}\n")
         lines.append("| workload | target | requests | prompt tokens evaluated | ideal | x ideal | cached | "
-                     "TTFT p50 returning (x plain; x its own evaluation) | wall (x plain) | disk |")
+                     "TTFT p50 returning (x plain; x its own evaluation; x its tokens evaluated alone) | wall (x plain) | disk |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|")
         rows = block.get("workloads", [])
         base = {r["workload"].split(" +")[0]: r for r in rows if r["target"] == "llama-server"}
@@ -163,6 +172,8 @@ def table(results: dict) -> str:
             rel = lambda k: f" ({r[k] / b[k]:.2f}x)" if b and b.get(k) and r.get(k) is not None else ""
             own = r.get("ttft_returning_over_own_eval_p50")
             own_s = f"; {own}x eval" if own is not None else ""
+            alone = r.get("ttft_returning_over_alone_eval_p50")
+            own_s += f"; {alone}x alone" if alone is not None else ""
             disk = (f"{r['store_bytes'] / 2**20:.1f} MiB (one file per save: {r['saved_file_bytes'] / 2**20:.1f} MiB)"
                     if "store_bytes" in r else f"RSS {r['rss_bytes'] / 2**20:.0f} MiB")
             if r.get("max_size"):
@@ -281,6 +292,7 @@ def main(argv=None) -> int:
                 continue
             for t in targets:
                 block["workloads"].extend(run_workload(wl, TARGETS[t], path, cfg))
+        add_alone_ratios(block["workloads"])
     out = Path(args.out or Path(__file__).parent / "results" / f"{args.preset}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")

@@ -37,6 +37,10 @@ class Tally:
     # A returning request's time to first token over llama-server's own time evaluating what it evaluated (for
     # kvstore: its new tokens alone): what the restore path and the proxy add.
     ttft_over_eval: list = field(default_factory=list)
+    # Each returning request's (TTFT, prompt_n, prompt_ms): `alone_ratio` sets its TTFT against what its tokens take
+    # llama-server evaluated alone (the rate of the same target's one-at-a-time run), which requests in flight
+    # cannot be, since a batch's prompt_ms counts every request evaluated in it.
+    returning_evals: list = field(default_factory=list)
 
     def add(self, res, ideal: int, returning: bool, session=None) -> None:
         self.prompt_n += res.prompt_n
@@ -47,6 +51,7 @@ class Tally:
             self.ttft_returning.append(res.ttft_s)
             if res.prompt_ms > 0:
                 self.ttft_over_eval.append(res.ttft_s / (res.prompt_ms / 1000))
+                self.returning_evals.append([round(res.ttft_s, 4), res.prompt_n, round(res.prompt_ms, 1)])
             self.returning += 1
             if session in self.last_server and self.last_server[session] != res.server:
                 self.moved += 1
@@ -65,7 +70,22 @@ class Tally:
                 "ttft_returning_p95_s": round(p95, 4) if t else None, "kv_cache": self.kv_cache,
                 "ttft_returning_over_own_eval_p50": (round(statistics.median(self.ttft_over_eval), 3)
                                                      if self.ttft_over_eval else None),
-                "returning": self.returning, "moved": self.moved, "restored_from_bucket": self.restored_from_bucket}
+                "returning": self.returning, "moved": self.moved, "restored_from_bucket": self.restored_from_bucket,
+                "returning_evals": self.returning_evals}
+
+
+def eval_ms_per_token(row: dict) -> float | None:
+    """Median of llama-server's prompt_ms per evaluated token over a row's returning requests."""
+    rates = [ms / n for _, n, ms in row.get("returning_evals") or () if n > 0]
+    return statistics.median(rates) if rates else None
+
+
+def alone_ratio(row: dict, alone: dict) -> float | None:
+    """Median over `row`'s returning requests of TTFT / (its prompt_n at `alone`'s rate): a returning user's time to
+    first token over the evaluation of its tokens alone, `alone` being the same target's one-at-a-time run."""
+    rate = eval_ms_per_token(alone)
+    xs = [ttft / (n * rate / 1000) for ttft, n, _ in row.get("returning_evals") or () if n > 0]
+    return round(statistics.median(xs), 3) if rate and xs else None
 
 
 class Session:
