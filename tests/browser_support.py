@@ -1,6 +1,7 @@
 """A real browser for the status page tests: headless Chromium from Debian's packages, driven by Selenium."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 
 
 @pytest.fixture
-def browser():
+def browser(tmp_path_factory):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -19,8 +20,13 @@ def browser():
     opts.binary_location = chromium
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
         opts.add_argument(a)
+    # Chromium's profile and its temp files (a singleton socket per run, left behind otherwise) go under pytest's
+    # temp directory, not /tmp.
+    tmp = tmp_path_factory.mktemp("chromium")
+    opts.add_argument(f"--user-data-dir={tmp / 'profile'}")
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(driver_bin), options=opts)
+    service = Service(driver_bin, env={**os.environ, "TMPDIR": str(tmp)})
+    d = webdriver.Chrome(service=service, options=opts)
     try:
         yield d
     finally:
