@@ -69,7 +69,7 @@ impl Catalog for LocalCatalog {
         Ok(ix.names.get(&r, &(namespace, name)).ix(ix)?)
     }
 
-    fn commit_name(&self, _namespace: &str, _name: &str, manifest: ObjectId, now: f64) -> Result<NameRecord> {
+    fn commit_name(&self, _namespace: &str, _name: &str, manifest: ObjectId, _json: &[u8], now: f64) -> Result<NameRecord> {
         Ok(NameRecord { manifest, created: now, last_used: now, etag: None, displaced: Vec::new(), retention: Default::default() })
     }
 

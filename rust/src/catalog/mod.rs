@@ -66,8 +66,10 @@ pub trait Catalog: Send + Sync {
     /// A name's record, read where names live (mirrored into the index when that is elsewhere); None: no
     /// such name.
     fn name(&self, namespace: &str, name: &str) -> Result<Option<NameRecord>>;
-    /// Point a name at `manifest`, whose objects are all stored; returns the index row to commit with it.
-    fn commit_name(&self, namespace: &str, name: &str, manifest: ObjectId, now: f64) -> Result<NameRecord>;
+    /// Point a name at `manifest` (whose JSON is `manifest_json`), whose objects are all stored; returns the
+    /// index row to commit with it.
+    fn commit_name(&self, namespace: &str, name: &str, manifest: ObjectId, manifest_json: &[u8], now: f64)
+        -> Result<NameRecord>;
     /// Forget a name where names live, before the caller drops its index row. True if it was there (always
     /// false when the index is the catalog: the row is the name).
     fn remove_name(&self, namespace: &str, name: &str) -> Result<bool>;

@@ -85,9 +85,10 @@ impl Catalog for BucketCatalog {
         }
     }
 
-    fn commit_name(&self, namespace: &str, name: &str, manifest: ObjectId, now: f64) -> Result<NameRecord> {
+    fn commit_name(&self, namespace: &str, name: &str, manifest: ObjectId, manifest_json: &[u8], now: f64)
+        -> Result<NameRecord> {
         let known = self.local_row(namespace, name)?.map(|r| r.manifest);
-        let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, now, known)?;
+        let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, manifest_json, now, known)?;
         let (displaced, retention) = (rec.displaced, rec.retention);
         Ok(NameRecord { manifest, created: now, last_used: now, etag: Some(etag), displaced, retention })
     }

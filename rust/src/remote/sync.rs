@@ -1,8 +1,8 @@
 //! The local index brought up to date from the bucket; `reindex` rebuilds it from nothing.
 //!
 //! CONTRACT: `sync(namespace)` lists the bucket's names (of one namespace, or all), reads the records whose
-//! ETag differs from the index row's (16 in flight), fetches the manifests the index lacks (through the
-//! cache), and in one write transaction puts name rows (keeping `last_used` when the manifest is unchanged),
+//! ETag differs from the index row's (16 in flight), fetches the manifests the index lacks and the records do
+//! not carry (`names::INLINE_MANIFEST_MAX`; through the cache), and in one write transaction puts name rows (keeping `last_used` when the manifest is unchanged),
 //! manifest rows and prefix keys (recomputed per namespace), and drops rows of names gone from the bucket.
 //! The index is only a cache of the bucket: `reindex` clears names, manifests, prefixes and object rows,
 //! then syncs everything. Object rows (sizes) come only from this machine's saves. `read_name` mirrors the one
@@ -79,9 +79,17 @@ pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
     })?;
 
     // Manifests the index lacks: fetched in parallel through the cache, each verified (manifests are unkeyed).
+    let mut manifests: HashMap<ObjectId, (Manifest, Vec<u8>)> = HashMap::new();
+    for (rec, _) in fetched.iter().filter_map(|f| f.2.as_ref()) {
+        if let Some(json) = rec.inline_manifest() {
+            if let Ok(m) = Manifest::from_json(rec.manifest, json) {
+                manifests.insert(rec.manifest, (m, json.to_vec()));
+            }
+        }
+    }
     let known: HashSet<ObjectId> = {
         let r = ix.read_txn()?;
-        let mut k = HashSet::new();
+        let mut k: HashSet<ObjectId> = manifests.keys().copied().collect();
         for (_, _, rec) in &fetched {
             if let Some((rec, _)) = rec {
                 if ix.manifests.get(&r, &rec.manifest).ix(ix)?.is_some() {
@@ -99,7 +107,6 @@ pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
         .into_iter()
         .collect();
     let mut from_bucket = c.cached.backend().fetch(&need)?;
-    let mut manifests: HashMap<ObjectId, (Manifest, Vec<u8>)> = HashMap::new();
     for id in &need {
         // A missing or corrupt manifest still gets its name row (gc then refuses, verify names it).
         let got = match c.cached.get_fetched(id, &Scope::Unkeyed, &|_| Vec::new(), &from_bucket) {
@@ -167,25 +174,29 @@ pub(super) fn read_name(
     name: &str,
     local: Option<&NameRecord>,
 ) -> Result<Option<Option<NameRecord>>> {
-    let row = names::row(&c.bucket, namespace, name, local)?;
-    match &row {
-        Some(Some(rec)) if local.is_none_or(|l| l.etag != rec.etag) => mirror(c, namespace, name, rec)?,
+    let read = names::row(&c.bucket, namespace, name, local)?;
+    match &read {
+        Some(Some(got)) if local.is_none_or(|l| l.etag != got.row.etag) => {
+            mirror(c, namespace, name, &got.row, got.manifest_json.as_deref())?
+        }
         Some(None) if local.is_some() => unmirror(c, namespace, name)?,
         _ => {}
     }
-    Ok(row)
+    Ok(read.map(|r| r.map(|got| got.row)))
 }
 
-/// Mirror one bucket record just read into the index: its name row, manifest row and prefix keys.
-fn mirror(c: &Mirror, namespace: &str, name: &str, row: &NameRecord) -> Result<()> {
+/// Mirror one bucket record just read into the index: its name row, manifest row and prefix keys. The manifest
+/// comes from the index, else from the record (`carried`, verified by `names`), else from the bucket.
+fn mirror(c: &Mirror, namespace: &str, name: &str, row: &NameRecord, carried: Option<&[u8]>) -> Result<()> {
     let ix = &*c.index;
     let known = {
         let r = ix.read_txn()?;
         ix.manifests.get(&r, &row.manifest).ix(ix)?.map(<[u8]>::to_vec)
     };
-    let json = match known {
-        Some(j) => j,
-        None => c.cached.get(&row.manifest, &Scope::Unkeyed)?.bytes,
+    let json = match (known, carried) {
+        (Some(j), _) => j,
+        (None, Some(j)) => j.to_vec(),
+        (None, None) => c.cached.get(&row.manifest, &Scope::Unkeyed)?.bytes,
     };
     let m = Manifest::from_json(row.manifest, &json)?;
     let mut w = ix.write_txn()?;

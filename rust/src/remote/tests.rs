@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use object_store::memory::InMemory;
 
 use super::*;
@@ -198,7 +199,8 @@ fn cache_is_bounded_and_rebuildable() {
     // A machine with an empty cache rebuilds its index from the bucket.
     let b = machine(&mem, &db, None, quick());
     let rep = sync::reindex(&b.cat.mirror).unwrap();
-    assert_eq!((rep.names, rep.updated, rep.manifests_fetched), (6, 6, 6));
+    // Each record carries its (small) manifest: none is read from the packs.
+    assert_eq!((rep.names, rep.updated, rep.manifests_fetched), (6, 6, 0));
     let r = b.index().read_txn().unwrap();
     assert_eq!(b.index().names_in(&r, None).unwrap().len(), 6);
     drop(r);
@@ -210,6 +212,10 @@ fn cache_is_bounded_and_rebuildable() {
     // A name whose manifest is gone still syncs; gc refuses and verify names it.
     let r6 = put_synthetic(&a, "broken", "", &(9000..9032).collect::<Vec<_>>(), &f);
     a.cat.objects.delete(&r6.manifest_id.parse().unwrap()).unwrap();
+    // ... and its record does not carry it (written before records did, or too large to carry).
+    let (mut rec, _) = names::read(&a.cat.bucket, "", "broken").unwrap().unwrap();
+    rec.manifest_json = None;
+    a.cat.bucket.put(&names::name_key("", "broken"), Bytes::from(serde_json::to_vec(&rec).unwrap())).unwrap();
     let dd = TempDir::new("ld");
     let d = machine(&mem, &dd, None, quick());
     assert_eq!(sync::sync(&d.cat.mirror, None).unwrap().names, 7);

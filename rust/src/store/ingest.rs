@@ -200,7 +200,7 @@ impl Store {
         }
 
         // Every object is stored; now the name, where names live.
-        let mut record = self.catalog.commit_name(namespace, name, mid, now_f64())?;
+        let mut record = self.catalog.commit_name(namespace, name, mid, &json, now_f64())?;
 
         // One transaction: manifest, name, prefix and object rows.
         let mut w = ix.write_txn()?;

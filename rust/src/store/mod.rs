@@ -202,7 +202,6 @@ impl Store {
     }
 
     fn resolve(&self, target: &Target) -> Result<(ObjectId, Manifest)> {
-        let r = self.index.read_txn()?;
         let id = match *target {
             Target::Name { namespace, name } => {
                 validate_name(name, "name")?;
@@ -213,6 +212,8 @@ impl Store {
             }
             Target::Manifest(h) => h.parse().map_err(|_| Error::ManifestNotFound { id: h.into() })?,
         };
+        // Read after the name: reading it may have mirrored its manifest into the index (a bucket store).
+        let r = self.index.read_txn()?;
         let m = self.read_manifest(&r, id)?;
         Ok((id, m))
     }
