@@ -55,7 +55,13 @@ pub struct BucketObjects {
     orphan_age: Duration,
     /// The gc generation at which `packs` was last listed under a save's lock (`trust_at`).
     trusted_at: Arc<std::sync::Mutex<Option<u64>>>,
+    /// Packs that name records just read say hold their states' objects (`hint`), newest last: a read that
+    /// misses tries these before it lists every pack.
+    hinted: Arc<std::sync::Mutex<std::collections::VecDeque<ObjectId>>>,
 }
+
+/// Packs remembered from name records (`BucketObjects::hint`).
+const HINTS_KEPT: usize = 256;
 
 /// One ranged GET: a span of a pack, and the wanted objects in it (their slot in the caller's list).
 struct Span {
@@ -67,7 +73,13 @@ struct Span {
 
 impl BucketObjects {
     pub fn new(bucket: Arc<Bucket>, orphan_age: Duration) -> Self {
-        BucketObjects { bucket, packs: Arc::new(PackMap::default()), orphan_age, trusted_at: Arc::default() }
+        BucketObjects {
+            bucket,
+            packs: Arc::new(PackMap::default()),
+            orphan_age,
+            trusted_at: Arc::default(),
+            hinted: Arc::default(),
+        }
     }
 
     /// Called under a save's shared lock with the bucket's gc generation: the pack map is listed again if a
@@ -114,12 +126,45 @@ impl BucketObjects {
     }
 
     /// Download these objects concurrently (packed ones by ranged GETs); None for an absent one.
+    /// The distinct packs that hold these objects' canonical copies (loose objects have none).
+    pub fn packs_of(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
+        let mut packs: Vec<ObjectId> = ids.iter().filter_map(|id| self.packs.locate(id)).map(|l| l.pack).collect();
+        packs.sort_by_key(|p| p.0);
+        packs.dedup();
+        packs
+    }
+
+    /// Packs a name's record names (`names.rs`): a later read that misses reads their indexes before it lists
+    /// the bucket. Costs no request now.
+    pub fn hint(&self, packs: &[ObjectId]) {
+        let mut h = self.hinted.lock().unwrap_or_else(|e| e.into_inner());
+        for p in packs.iter().filter(|p| !self.packs.knows(p)) {
+            h.retain(|q| q != p);
+            h.push_back(*p);
+        }
+        while h.len() > HINTS_KEPT {
+            h.pop_front();
+        }
+    }
+
+    pub fn listings(&self) -> u64 {
+        self.packs.listings()
+    }
+
     pub fn download(&self, ids: Vec<ObjectId>) -> Result<Vec<Option<Bytes>>, ObjectError> {
         let mut out: Vec<Option<Bytes>> = vec![None; ids.len()];
         let all: Vec<usize> = (0..ids.len()).collect();
         let mut left = self.read_packed(&ids, &all, &mut out)?;
-        // Not in a pack this map knows (a pack another machine just wrote, or one a prune elsewhere
-        // rewrote): the packs listed again, once; then loose (what older versions wrote).
+        // Not in a pack this map knows (a pack another machine just wrote, or one a prune elsewhere rewrote):
+        // the packs name records named, by their indexes; then every pack listed again, once; then loose (what
+        // older versions wrote).
+        if !left.is_empty() {
+            let hinted: Vec<ObjectId> =
+                std::mem::take(&mut *self.hinted.lock().unwrap_or_else(|e| e.into_inner())).into();
+            if self.packs.learn(&self.bucket, &hinted)? > 0 {
+                left = self.read_packed(&ids, &left, &mut out)?;
+            }
+        }
         if !left.is_empty() {
             self.packs.refresh(&self.bucket)?;
             left = self.read_packed(&ids, &left, &mut out)?;

@@ -21,6 +21,7 @@ use crate::catalog::{Catalog, Freshness, GcLock, Held, LockFile, SyncReport};
 use crate::error::Result;
 use crate::id::ObjectId;
 use crate::index::{HeedExt, Index, NameRecord, Retention};
+use crate::manifest::Manifest;
 use crate::objects::ObjectStore;
 
 pub struct BucketCatalog {
@@ -80,7 +81,10 @@ impl Catalog for BucketCatalog {
     fn name(&self, namespace: &str, name: &str) -> Result<Option<NameRecord>> {
         let local = self.local_row(namespace, name)?;
         match sync::read_name(&self.mirror, namespace, name, local.as_ref())? {
-            Some(row) => Ok(row),
+            Some(read) => Ok(read.map(|got| {
+                self.objects.hint(&got.packs); // where a restore of it will look first
+                got.row
+            })),
             None => Ok(local), // unreachable: what this machine knows
         }
     }
@@ -88,7 +92,11 @@ impl Catalog for BucketCatalog {
     fn commit_name(&self, namespace: &str, name: &str, manifest: ObjectId, manifest_json: &[u8], now: f64)
         -> Result<NameRecord> {
         let known = self.local_row(namespace, name)?.map(|r| r.manifest);
-        let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, manifest_json, now, known)?;
+        // The packs its objects lie in now (the save just uploaded or located them all).
+        let mut ids = Manifest::from_json(manifest, manifest_json).map(|m| m.referenced()).unwrap_or_default();
+        ids.push(manifest);
+        let packs = self.objects.packs_of(&ids);
+        let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, manifest_json, &packs, now, known)?;
         let (displaced, retention) = (rec.displaced, rec.retention);
         Ok(NameRecord { manifest, created: now, last_used: now, etag: Some(etag), displaced, retention })
     }

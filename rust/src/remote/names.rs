@@ -1,11 +1,14 @@
 //! Name records in the bucket: `<prefix>/names/h<hex(namespace)>/h<hex(name)>`, JSON
 //! `{"manifest": hex, "created": unix s, "displaced": [hex, ..], "retention": {"ttl_s", "pinned"},
-//! "manifest_json": "..."}` (hex keeps any name a safe key; `retention` absent = none, and every later save
-//! carries it over). `manifest_json` is the manifest itself when it is at most `INLINE_MANIFEST_MAX` bytes: a
+//! "manifest_json": "...", "packs": [hex, ..]}` (hex keeps any name a safe key; `retention` absent = none, and
+//! every later save carries it over). `manifest_json` is the manifest itself when it is at most `INLINE_MANIFEST_MAX` bytes: a
 //! machine restoring the name for the first time then reads it with the record instead of by one more request
 //! (a ranged GET inside its pack, 9-15 ms of a 50 ms cold restore on a local SeaweedFS). It is used only when it
 //! hashes to `manifest` (manifests are unkeyed); a record without it (older, or a larger manifest) is read as
-//! before. Older readers ignore the field.
+//! before. `packs` names the packs that held the state's objects when it was committed (at most
+//! `MAX_PACKS_CARRIED`): a machine whose pack map lacks them reads their indexes instead of listing every pack
+//! of the bucket (`BucketObjects::hint`); a hint is only a hint (a prune may have moved the objects since, and
+//! then the listing finds them). Older readers ignore both fields.
 //!
 //! CONTRACT: a record changes only by a conditional write — create-if-absent for a new name, If-Match on the
 //! ETag read for an update. Policy on a race (decided in docs/design.md "Remote store"): the later save wins,
@@ -25,6 +28,9 @@ pub const MAX_DISPLACED: usize = 8;
 /// The largest manifest carried in its name's record (~8,000 tokens of state): every read of the name, a warm
 /// restore's included, reads the record, so a larger one keeps its own request.
 pub const INLINE_MANIFEST_MAX: usize = 64 << 10;
+/// A record names at most this many packs (a state saved turn by turn spreads over one pack per save); more,
+/// and it names none (a read that misses lists the packs, as before).
+pub const MAX_PACKS_CARRIED: usize = 64;
 const MAX_ATTEMPTS: usize = 16;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -37,6 +43,8 @@ pub struct RemoteName {
     pub retention: Retention,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_json: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packs: Vec<ObjectId>,
 }
 
 impl RemoteName {
@@ -57,6 +65,7 @@ fn inline(manifest_json: &[u8]) -> Option<String> {
 pub struct RowRead {
     pub row: NameRecord,
     pub manifest_json: Option<Vec<u8>>,
+    pub packs: Vec<ObjectId>,
 }
 
 fn seg(s: &str) -> String {
@@ -132,7 +141,7 @@ pub fn row(
             let manifest_json = rec.inline_manifest().map(<[u8]>::to_vec);
             let (manifest, created, displaced, retention) = (rec.manifest, rec.created, rec.displaced, rec.retention);
             let row = NameRecord { manifest, created, last_used, etag: Some(etag), displaced, retention };
-            Ok(Some(Some(RowRead { row, manifest_json })))
+            Ok(Some(Some(RowRead { row, manifest_json, packs: rec.packs })))
         }
         Err(e @ RemoteError::Unavailable { .. }) if local.is_none() => Err(e),
         Err(RemoteError::Unavailable { .. }) => Ok(None),
@@ -140,17 +149,21 @@ pub fn row(
     }
 }
 
-/// Point (namespace, name) at `manifest` (whose JSON is `manifest_json`). `known` is the manifest this machine
-/// last saw under the name (its index row), None if it knew none. Returns the committed record and its ETag.
+/// Point (namespace, name) at `manifest` (whose JSON is `manifest_json`, and whose objects lie in `packs`).
+/// `known` is the manifest this machine last saw under the name (its index row), None if it knew none.
+/// Returns the committed record and its ETag.
+#[allow(clippy::too_many_arguments)]
 pub fn commit(
     bucket: &Bucket,
     namespace: &str,
     name: &str,
     manifest: ObjectId,
     manifest_json: &[u8],
+    packs: &[ObjectId],
     created: f64,
     known: Option<ObjectId>,
 ) -> Result<(RemoteName, String), RemoteError> {
+    let packs = if packs.len() <= MAX_PACKS_CARRIED { packs.to_vec() } else { Vec::new() };
     let key = name_key(namespace, name);
     for _ in 0..MAX_ATTEMPTS {
         let current = read(bucket, namespace, name)?;
@@ -164,7 +177,8 @@ pub fn commit(
         displaced.retain(|m| *m != manifest);
         displaced.truncate(MAX_DISPLACED);
         let retention = current.as_ref().map(|c| c.0.retention).unwrap_or_default();
-        let rec = RemoteName { manifest, created, displaced, retention, manifest_json: inline(manifest_json) };
+        let rec =
+            RemoteName { manifest, created, displaced, retention, manifest_json: inline(manifest_json), packs: packs.clone() };
         let body = Bytes::from(serde_json::to_vec(&rec).expect("name record serializes"));
         if let Some(etag) = bucket.put_if_match(&key, body, current.as_ref().map(|c| c.1.as_str()))? {
             return Ok((rec, etag));
@@ -225,6 +239,7 @@ mod tests {
             displaced: vec![],
             retention: Retention::default(),
             manifest_json: inline(json),
+            packs: vec![],
         };
         assert_eq!(rec.inline_manifest(), Some(&json[..]));
         rec.manifest = ObjectId::of(b"another manifest");

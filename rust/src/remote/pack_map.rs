@@ -1,5 +1,6 @@
 //! `PackMap`: where each packed object of the bucket lies, learned from the packs' indexes (`pack.rs`) and
-//! kept in memory; rebuilt from the bucket by one listing of `packs/` and a GET of each index not yet known.
+//! kept in memory; rebuilt from the bucket by one listing of `packs/` and a GET of each index not yet known,
+//! or grown by the packs a name's record names (`learn`), without a listing.
 //!
 //! CONTRACT: a pack counts only once both it and its index are listed (they are PUT together, so either may
 //! land first; a save commits its name only after both). An object in several packs (a repack killed before
@@ -9,12 +10,13 @@
 //! again). The map is a cache: every read of a pack that vanished meanwhile (a prune elsewhere) refreshes it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::client::{Bucket, Meta};
 use super::error::RemoteError;
-use super::keys::{index_key, PACKS};
+use super::keys::{index_key, pack_key, PACKS};
 use super::pack::{self, Entry};
 use crate::id::ObjectId;
 
@@ -78,6 +80,8 @@ pub struct Listed {
 #[derive(Default)]
 pub struct PackMap {
     state: RwLock<State>,
+    /// Listings of `packs/` so far (`refresh`).
+    listings: AtomicU64,
 }
 
 impl PackMap {
@@ -123,6 +127,47 @@ impl PackMap {
         self.state.read().expect("pack map lock").objects.get(id).is_some_and(|(p, _)| p == pack)
     }
 
+    /// How many times this map listed `packs/`.
+    pub fn listings(&self) -> u64 {
+        self.listings.load(Ordering::Relaxed)
+    }
+
+    /// Whether the map knows `pack`.
+    pub fn knows(&self, pack: &ObjectId) -> bool {
+        self.state.read().expect("pack map lock").packs.contains_key(pack)
+    }
+
+    /// Read these packs by their indexes alone (a GET of each index beside a HEAD of the pack, all in parallel)
+    /// instead of listing every pack: a machine restoring a state another one just saved pays for that state's
+    /// packs, not for the size of the bucket. A pack gone since (a prune) or whose index does not match its
+    /// length is left out, as a listing leaves it out. Returns how many packs it added.
+    pub fn learn(&self, bucket: &Bucket, packs: &[ObjectId]) -> Result<usize, RemoteError> {
+        let unknown: HashSet<ObjectId> = packs.iter().filter(|p| !self.knows(p)).copied().collect();
+        if unknown.is_empty() {
+            return Ok(0);
+        }
+        let read = bucket.run_all(unknown.into_iter().collect(), super::client::PARALLEL, |id| async move {
+            let (index_at, pack_at) = (index_key(&id), pack_key(&id));
+            let (index, pack) = futures::join!(bucket.get_async(&index_at), bucket.head_async(&pack_at));
+            Ok((id, index?, pack?))
+        })?;
+        let mut s = self.state.write().expect("pack map lock");
+        let mut added = 0;
+        for (id, index, pack) in read {
+            let (Some((bytes, meta)), Some(pack)) = (index, pack) else { continue };
+            let Ok((entries, data_len)) = pack::decode_index(&bytes) else { continue };
+            if pack::pack_len(data_len, entries.len()) != pack.size {
+                continue;
+            }
+            s.packs.insert(id, PackInfo { modified: meta.modified, entries: entries.clone() });
+            for entry in entries {
+                s.offer(id, entry);
+            }
+            added += 1;
+        }
+        Ok(added)
+    }
+
     /// Refresh unless that was done less than `every` ago; true if it listed the bucket.
     pub fn refresh_if_stale(&self, bucket: &Bucket, every: Duration) -> Result<bool, RemoteError> {
         let fresh = self.state.read().expect("pack map lock").refreshed.is_some_and(|t| t.elapsed() < every);
@@ -136,6 +181,7 @@ impl PackMap {
     /// List `packs/`, read the indexes not yet known, forget packs that are gone; returns the orphans seen and
     /// the bytes listed.
     pub fn refresh(&self, bucket: &Bucket) -> Result<Listed, RemoteError> {
+        self.listings.fetch_add(1, Ordering::Relaxed);
         let listed = bucket.list(PACKS)?;
         let bytes = listed.iter().map(|m| m.size).sum();
         let mut pack_meta: HashMap<ObjectId, Meta> = HashMap::new();

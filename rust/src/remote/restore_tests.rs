@@ -197,3 +197,47 @@ fn a_carried_manifest_that_is_not_the_records_own_is_ignored() {
         assert!(restore(&b, own, &out).unwrap() == state_file(own), "not the record's own state");
     }
 }
+
+/// A name's record names the packs its objects lie in: a machine restoring a state saved elsewhere reads those
+/// packs' indexes and no listing of the bucket's packs, whether its pack map was never listed or listed before
+/// the save. Full attention and sliding window.
+#[test]
+#[ignore = "needs real slot files: ./dev test"]
+fn a_restore_of_a_state_saved_elsewhere_reads_its_packs_without_listing_the_bucket() {
+    let mem = Arc::new(InMemory::new());
+    let (da, db) = (TempDir::new("pa"), TempDir::new("pb"));
+    let (a, b) = (machine(&mem, &da, None, quick()), machine(&mem, &db, None, quick()));
+    a.ingest("first", "", &state_file(FILES[0]), &fp(&[]), None, false).unwrap();
+    restore(&b, "first", &db.0.join("first.bin")).unwrap();
+    let listed_before = b.cat.objects.listings();
+    for file in FILES {
+        a.ingest(file, "", &state_file(file), &fp(&[]), None, false).unwrap();
+        let (rec, _) = names::read(&a.cat.bucket, "", file).unwrap().unwrap();
+        assert!(!rec.packs.is_empty(), "{file}: the record names no pack");
+        assert_eq!(rec.packs, a.cat.objects.packs_of(&objects_of(&a, file)), "{file}");
+        let dc = TempDir::new("pc");
+        let c = machine(&mem, &dc, None, quick());
+        assert!(restore(&c, file, &dc.0.join("c.bin")).unwrap() == state_file(file), "{file}: not byte-exact");
+        assert_eq!(c.cat.objects.listings(), 0, "{file}: a machine that never listed the packs listed them");
+        assert!(restore(&b, file, &db.0.join("b.bin")).unwrap() == state_file(file), "{file}: not byte-exact");
+    }
+    assert_eq!(b.cat.objects.listings(), listed_before, "a machine that had listed the packs listed them again");
+}
+
+/// A record whose packs are not where its objects are (a prune rewrote them since, or a bogus id) costs the
+/// restore a listing, nothing more.
+#[test]
+#[ignore = "needs real slot files: ./dev test"]
+fn a_record_naming_the_wrong_packs_still_restores() {
+    let file = FILES[1];
+    let mem = Arc::new(InMemory::new());
+    let (da, db) = (TempDir::new("wa"), TempDir::new("wb"));
+    let a = machine(&mem, &da, None, quick());
+    a.ingest(file, "", &state_file(file), &fp(&[]), None, false).unwrap();
+    let (mut rec, _) = names::read(&a.cat.bucket, "", file).unwrap().unwrap();
+    rec.packs = vec![ObjectId::of(b"no such pack")];
+    a.cat.bucket.put(&names::name_key("", file), Bytes::from(serde_json::to_vec(&rec).unwrap())).unwrap();
+    let b = machine(&mem, &db, None, quick());
+    assert!(restore(&b, file, &db.0.join("b.bin")).unwrap() == state_file(file), "not byte-exact");
+    assert_eq!(b.cat.objects.listings(), 1);
+}

@@ -173,7 +173,7 @@ pub(super) fn read_name(
     namespace: &str,
     name: &str,
     local: Option<&NameRecord>,
-) -> Result<Option<Option<NameRecord>>> {
+) -> Result<Option<Option<names::RowRead>>> {
     let read = names::row(&c.bucket, namespace, name, local)?;
     match &read {
         Some(Some(got)) if local.is_none_or(|l| l.etag != got.row.etag) => {
@@ -182,7 +182,7 @@ pub(super) fn read_name(
         Some(None) if local.is_some() => unmirror(c, namespace, name)?,
         _ => {}
     }
-    Ok(read.map(|r| r.map(|got| got.row)))
+    Ok(read)
 }
 
 /// Mirror one bucket record just read into the index: its name row, manifest row and prefix keys. The manifest
