@@ -208,6 +208,11 @@ def table(results: dict) -> str:
                          f"(**{rc['warm_restore_vs_local']}x** local). What the bucket adds to a restore (cold minus "
                          f"warm): {(rc['s']['cold_restore'] - rc['s']['warm_restore']) * 1e3:.0f} ms, one GET of the "
                          f"stored bytes {rc['s']['one_get'] * 1e3:.0f} ms.")
+            req = rc.get("bucket_requests")
+            if req:
+                per = lambda d: ", ".join(f"{n} {k}" for k, n in sorted(d.items())) or "none"  # noqa: E731
+                lines.append(f"Requests to the bucket: a cold restore {per(req['cold_restore'])}; a warm one "
+                             f"{per(req['warm_restore'])}.")
         st = block.get("storage")
         if st:
             mb = st["mb_per_s"]

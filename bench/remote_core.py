@@ -32,6 +32,11 @@ def med(f, n: int) -> float:
     return statistics.median(ts)
 
 
+def since(before: dict, after: dict) -> dict:
+    """Requests of each kind sent between two `Store.bucket_requests()` readings (kinds with none left out)."""
+    return {k: after[k] - before[k] for k in after if after[k] > before[k]}
+
+
 def measure(url: str, state: str, n: int = 5) -> dict:
     """Every figure of the module docstring for one real slot file, as a dict (times in seconds, rates in MB/s of
     the state's file bytes, the way a restore's speed is felt)."""
@@ -72,10 +77,13 @@ def measure(url: str, state: str, n: int = 5) -> dict:
         timed("copy", lambda: shutil.copyfile(state, out))
         out.unlink()
         b = _core.Store(url, cache=str(tmp / f"b{k}"))
+        opened = b.bucket_requests()
         timed("cold", lambda: b.materialize("s", str(out)))
         out.unlink()
+        cold_done = b.bucket_requests()
         timed("warm", lambda: b.materialize("s", str(out)))
         out.unlink()
+        requests = {"cold_restore": since(opened, cold_done), "warm_restore": since(cold_done, b.bucket_requests())}
         timed("get", lambda: urllib.request.urlopen(key).read())
     t_local_load, t_copy, t_cold, t_warm, t_get = (statistics.median(runs[k]) for k in ("local", "copy", "cold", "warm", "get"))
 
@@ -104,6 +112,8 @@ def measure(url: str, state: str, n: int = 5) -> dict:
                      "bucket_cold_restore": round(mb / t_cold, 1), "bucket_warm_restore": round(mb / t_warm, 1),
                      "one_get_of_stored_bytes": round(mb / t_get, 1)},
         "cold_restore_vs_one_get": round(t_get / t_cold, 3),
+        # What one restore (the last round's) asked of the bucket: a count, steady where times are not.
+        "bucket_requests": requests,
         "warm_restore_vs_local": round(t_local_load / t_warm, 3),
         "local_restore_vs_copy": round(t_copy / t_local_load, 3),
         "s": {"cold_restore": round(t_cold, 4), "one_get": round(t_get, 4), "warm_restore": round(t_warm, 4),

@@ -99,6 +99,9 @@ class Store:
     """`s3://bucket/prefix` of a bucket store, else None."""
     cache_dir: Optional[str]
     """The local cache directory of a bucket store, else None."""
+    def bucket_requests(self) -> Optional[dict[str, int]]:
+        """Requests sent to the bucket since the store was opened, by kind (get, get_range, head, list, put,
+        delete; a listing counts once); None for a local store. Sends none itself."""
     def __new__(cls, location: str, *, cache: Optional[str] = None, cache_size: Optional[int] = None,
                 block_size: int = ..., level: int = 1, map_size_mib: int = 65536) -> Store:
         """`location`: a local directory, or `s3://bucket/prefix` (endpoint and credentials from the AWS_*

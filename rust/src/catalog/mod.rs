@@ -63,6 +63,10 @@ pub struct SyncReport {
 pub trait Catalog: Send + Sync {
     /// Where the names live when it is not this directory (a bucket store's `s3://bucket/prefix`); None: here.
     fn location(&self) -> Option<&str>;
+    /// Requests sent to where the names live since the store was opened, by kind (empty: nowhere else).
+    fn requests(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
     /// A name's record, read where names live (mirrored into the index when that is elsewhere); None: no
     /// such name.
     fn name(&self, namespace: &str, name: &str) -> Result<Option<NameRecord>>;

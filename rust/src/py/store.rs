@@ -54,6 +54,13 @@ impl PyStore {
         self.inner.catalog().location().map(str::to_string)
     }
 
+    /// Requests this store sent to its bucket since it was opened, by kind (`get`, `get_range`, `head`,
+    /// `list`, `put`, `delete`); None for a local store. Sends none itself.
+    fn bucket_requests(&self) -> Option<std::collections::BTreeMap<&'static str, u64>> {
+        self.inner.catalog().location()?;
+        Some(self.inner.catalog().requests().into_iter().collect())
+    }
+
     /// The local cache directory of a bucket store, else None.
     #[getter]
     fn cache_dir(&self) -> Option<String> {

@@ -78,6 +78,10 @@ impl Catalog for BucketCatalog {
         Some(self.bucket.url())
     }
 
+    fn requests(&self) -> Vec<(&'static str, u64)> {
+        self.bucket.requests()
+    }
+
     fn name(&self, namespace: &str, name: &str) -> Result<Option<NameRecord>> {
         let local = self.local_row(namespace, name)?;
         match sync::read_name(&self.mirror, namespace, name, local.as_ref())? {

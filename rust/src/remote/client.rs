@@ -7,6 +7,7 @@
 //! are `Denied`; every other failure (connection, timeout, 5xx after retries) is `Unavailable`.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -37,6 +38,23 @@ pub struct Bucket {
     prefix: String,
     url: String,
     rt: tokio::runtime::Runtime,
+    requests: Requests,
+}
+
+/// Requests sent so far, by kind (a listing counts once, however many pages it reads): what a restore or a
+/// save costs in round trips is a count, steadier than its time on a shared machine.
+#[derive(Default)]
+struct Requests {
+    get: AtomicU64,
+    get_range: AtomicU64,
+    head: AtomicU64,
+    list: AtomicU64,
+    put: AtomicU64,
+    delete: AtomicU64,
+}
+
+fn count(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
 }
 
 impl Bucket {
@@ -48,11 +66,19 @@ impl Bucket {
             .enable_all()
             .build()
             .map_err(|e| RemoteError::Invalid { url: url.display(), detail: format!("starting the I/O runtime: {e}") })?;
-        Ok(Bucket { store, prefix: url.prefix.clone(), url: url.display(), rt })
+        Ok(Bucket { store, prefix: url.prefix.clone(), url: url.display(), rt, requests: Requests::default() })
     }
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Requests sent since this bucket was opened, by kind.
+    pub fn requests(&self) -> Vec<(&'static str, u64)> {
+        let r = &self.requests;
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![("get", n(&r.get)), ("get_range", n(&r.get_range)), ("head", n(&r.head)), ("list", n(&r.list)),
+             ("put", n(&r.put)), ("delete", n(&r.delete))]
     }
 
     pub fn path(&self, rel: &str) -> Path {
@@ -100,6 +126,7 @@ impl Bucket {
     }
 
     pub async fn get_async(&self, rel: &str) -> Result<Option<(Bytes, Meta)>, RemoteError> {
+        count(&self.requests.get);
         match self.store.get(&self.path(rel)).await {
             Ok(r) => {
                 let meta = self.meta(r.meta.clone());
@@ -117,6 +144,7 @@ impl Bucket {
 
     /// Bytes `range` of `rel` (one ranged GET); None if `rel` does not exist.
     pub async fn get_range_async(&self, rel: &str, range: std::ops::Range<u64>) -> Result<Option<Bytes>, RemoteError> {
+        count(&self.requests.get_range);
         match self.store.get_range(&self.path(rel), range).await {
             Ok(b) => Ok(Some(b)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -125,6 +153,7 @@ impl Bucket {
     }
 
     pub async fn head_async(&self, rel: &str) -> Result<Option<Meta>, RemoteError> {
+        count(&self.requests.head);
         match self.store.head(&self.path(rel)).await {
             Ok(m) => Ok(Some(self.meta(m))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -139,6 +168,7 @@ impl Bucket {
     /// Create `rel` unless it exists (If-None-Match: *). True if this call created it.
     pub async fn put_create_async(&self, rel: &str, bytes: Bytes) -> Result<bool, RemoteError> {
         let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        count(&self.requests.put);
         match self.store.put_opts(&self.path(rel), PutPayload::from_bytes(bytes), opts).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(false),
@@ -158,6 +188,7 @@ impl Bucket {
             Some(t) => PutMode::Update(UpdateVersion { e_tag: Some(t.to_string()), version: None }),
         };
         let opts = PutOptions { mode, ..Default::default() };
+        count(&self.requests.put);
         match self.block_on(self.store.put_opts(&self.path(rel), PutPayload::from_bytes(bytes), opts)) {
             Ok(r) => Ok(Some(r.e_tag.unwrap_or_default())),
             Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(None),
@@ -178,11 +209,13 @@ impl Bucket {
 
     /// Unconditional write (lock files, whose keys are unique).
     pub fn put(&self, rel: &str, bytes: Bytes) -> Result<(), RemoteError> {
+        count(&self.requests.put);
         self.block_on(self.store.put(&self.path(rel), PutPayload::from_bytes(bytes))).map(|_| ()).map_err(|e| self.err(e))
     }
 
     /// Delete; absent is fine.
     pub async fn delete_async(&self, rel: &str) -> Result<(), RemoteError> {
+        count(&self.requests.delete);
         match self.store.delete(&self.path(rel)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.err(e)),
@@ -195,6 +228,7 @@ impl Bucket {
 
     /// Every key under `rel_dir/` (recursive), with its metadata.
     pub fn list(&self, rel_dir: &str) -> Result<Vec<Meta>, RemoteError> {
+        count(&self.requests.list);
         let p = self.path(rel_dir);
         let metas: Vec<ObjectMeta> =
             self.block_on(self.store.list(Some(&p)).try_collect()).map_err(|e| self.err(e))?;
