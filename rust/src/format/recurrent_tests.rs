@@ -18,7 +18,7 @@ fn section(count: u32, entries: &[(i32, u64)], tail: &[u8]) -> Vec<u8> {
     for (i, &(ty, row)) in entries.iter().enumerate() {
         b.put_i32(ty);
         b.put_u64(row);
-        b.extend(std::iter::repeat(i as u8 + 1).take((row * count as u64) as usize));
+        b.extend(std::iter::repeat_n(i as u8 + 1, (row * count as u64) as usize));
     }
     b.extend_from_slice(tail);
     b

@@ -7,6 +7,7 @@
 //! 2. **quota**: a namespace over its quota loses its own names until it is at `low_water` × its quota;
 //! 3. **cap**: while the live bytes pass `low_water` × the cap, the namespace furthest over its share (its
 //!    quota, else the cap split evenly between the namespaces that hold names) loses one name.
+//!
 //! Within a namespace the victim is the least recently used name that *owns* at least a quarter of its bytes
 //! (no other kept name references them); when every name left shares most of its bytes, the one owning the
 //! largest part of them goes first, so children go before the parent they share (which frees little while

@@ -18,7 +18,7 @@
 //! copies a corrupt object to `<prefix>/quarantine/` and removes it (a repack for a packed one), so the next
 //! put repairs it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -58,6 +58,10 @@ pub struct BucketObjects {
     /// Packs that name records just read say hold their states' objects (`hint`), newest last: a read that
     /// misses tries these before it lists every pack.
     hinted: Arc<std::sync::Mutex<std::collections::VecDeque<ObjectId>>>,
+    /// Loose objects (`objects/`, with their lengths) as listed by `trust_at` at `trusted_at`'s generation: a
+    /// save's dedup asks this set instead of sending a HEAD for each object its pack map lacks. None: not
+    /// listed, or changed here since (a prune, a delete).
+    loose: Arc<std::sync::RwLock<Option<HashMap<ObjectId, u64>>>>,
 }
 
 /// Packs remembered from name records (`BucketObjects::hint`).
@@ -79,6 +83,7 @@ impl BucketObjects {
             orphan_age,
             trusted_at: Arc::default(),
             hinted: Arc::default(),
+            loose: Arc::default(),
         }
     }
 
@@ -87,11 +92,23 @@ impl BucketObjects {
     /// is safe until the lock is released (a prune bumps the generation before it deletes anything).
     pub fn trust_at(&self, generation: u64) -> Result<(), ObjectError> {
         let mut seen = self.trusted_at.lock().expect("generation lock");
-        if *seen != Some(generation) {
+        if *seen != Some(generation) || self.loose.read().expect("loose lock").is_none() {
             self.packs.refresh(&self.bucket)?;
+            let mut loose = HashMap::new();
+            for m in self.bucket.list("objects")? {
+                if let Some(id) = m.rel.rsplit('/').next().and_then(|n| n.parse::<ObjectId>().ok()) {
+                    loose.insert(id, m.size);
+                }
+            }
+            *self.loose.write().expect("loose lock") = Some(loose);
             *seen = Some(generation);
         }
         Ok(())
+    }
+
+    /// Forget the loose listing (this process deleted or wrote loose objects): the next dedup asks the bucket.
+    fn loose_changed(&self) {
+        *self.loose.write().expect("loose lock") = None;
     }
 
     fn locate(&self, id: &ObjectId) -> Result<Option<Located>, ObjectError> {
@@ -127,7 +144,7 @@ impl BucketObjects {
 
     /// Download these objects concurrently (packed ones by ranged GETs); None for an absent one.
     /// The distinct packs that hold these objects' canonical copies (loose objects have none).
-    pub fn packs_of(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
+    pub fn packs_holding(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
         let mut packs: Vec<ObjectId> = ids.iter().filter_map(|id| self.packs.locate(id)).map(|l| l.pack).collect();
         packs.sort_by_key(|p| p.0);
         packs.dedup();
@@ -269,6 +286,7 @@ impl BucketObjects {
     /// listing, then executed batch by batch: survivors up first, then the old packs go (index first, so no
     /// reader trusts a pack being deleted for longer than one listing).
     fn prune(&self, doomed: &[ObjectId]) -> Result<(), ObjectError> {
+        self.loose_changed();
         let listed = self.packs.refresh(&self.bucket)?;
         let plan = prune::plan(&self.packs, listed.orphans, doomed, self.orphan_age, REPACK_BATCH, object_key);
         for batch in plan.rewrites {
@@ -350,6 +368,9 @@ fn plan_spans(mut wanted: Vec<(ObjectId, usize, Entry)>) -> Vec<Span> {
 impl Backend for BucketObjects {
     fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError> {
         self.bucket.put_create(&object_key(id), Bytes::copy_from_slice(encoded))?;
+        if let Some(loose) = self.loose.write().expect("loose lock").as_mut() {
+            loose.insert(*id, encoded.len() as u64);
+        }
         Ok(())
     }
 
@@ -365,8 +386,9 @@ impl Backend for BucketObjects {
         Ok(self.download(vec![*id])?.pop().flatten().map(|b| b.to_vec()))
     }
 
+    /// Asks the bucket (the pack map, else a HEAD), never the save's loose listing: `verify` relies on it.
     fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
-        Ok(self.touch(id)?.is_some())
+        Ok(self.mtime(id)?.is_some())
     }
 
     fn list(&self) -> Result<Vec<ObjectId>, ObjectError> {
@@ -394,7 +416,16 @@ impl Backend for BucketObjects {
         Ok(self.bucket.head(&object_key(id))?.map(|m| (m.modified, m.size)))
     }
 
+    /// Dedup at ingest: the pack map, then the loose objects listed under the save's lock at this gc
+    /// generation (`trust_at`; no gc runs while a save holds it, and an object another machine writes meanwhile
+    /// is at worst uploaded twice, which a prune drops); without that listing, a HEAD.
     fn touch(&self, id: &ObjectId) -> Result<Option<u64>, ObjectError> {
+        if let Some(l) = self.packs.locate(id) {
+            return Ok(Some(l.entry.len as u64));
+        }
+        if let Some(loose) = &*self.loose.read().expect("loose lock") {
+            return Ok(loose.get(id).copied());
+        }
         Ok(self.mtime(id)?.map(|(_, len)| len))
     }
 

@@ -99,7 +99,7 @@ impl Catalog for BucketCatalog {
         // The packs its objects lie in now (the save just uploaded or located them all).
         let mut ids = Manifest::from_json(manifest, manifest_json).map(|m| m.referenced()).unwrap_or_default();
         ids.push(manifest);
-        let packs = self.objects.packs_of(&ids);
+        let packs = self.objects.packs_holding(&ids);
         let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, manifest_json, &packs, now, known)?;
         let (displaced, retention) = (rec.displaced, rec.retention);
         Ok(NameRecord { manifest, created: now, last_used: now, etag: Some(etag), displaced, retention })

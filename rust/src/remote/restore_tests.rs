@@ -214,7 +214,7 @@ fn a_restore_of_a_state_saved_elsewhere_reads_its_packs_without_listing_the_buck
         a.ingest(file, "", &state_file(file), &fp(&[]), None, false).unwrap();
         let (rec, _) = names::read(&a.cat.bucket, "", file).unwrap().unwrap();
         assert!(!rec.packs.is_empty(), "{file}: the record names no pack");
-        assert_eq!(rec.packs, a.cat.objects.packs_of(&objects_of(&a, file)), "{file}");
+        assert_eq!(rec.packs, a.cat.objects.packs_holding(&objects_of(&a, file)), "{file}");
         let dc = TempDir::new("pc");
         let c = machine(&mem, &dc, None, quick());
         assert!(restore(&c, file, &dc.0.join("c.bin")).unwrap() == state_file(file), "{file}: not byte-exact");
