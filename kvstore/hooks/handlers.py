@@ -188,7 +188,8 @@ class Handlers:
             store = await self.h.wired.store.stats(self._sizes_of(caller(request)))
         except Exception:  # noqa: BLE001 - the counters are still worth showing
             store = None
-        text = self.h.metrics.prometheus(queue_length=self.h.wired.table.queue_length, store=store)
+        text = self.h.metrics.prometheus(queue_length=self.h.wired.table.queue_length, store=store,
+                                         bucket_requests=self.h.wired.store.bucket_requests())
         return web.Response(text=text, content_type="text/plain", charset="utf-8",
                             headers={"X-KV-Note": "kvstore metrics; llama-server's own are at its /metrics"})
 

@@ -88,18 +88,21 @@ class Metrics:
             out["kinds"] = {k: self.kinds.get(k, 0) for k in KINDS}
         return out
 
-    def prometheus(self, *, queue_length: int, store: Optional[dict] = None) -> str:
-        """The text of /metrics; `store`: `Store.stats()` (None when it could not be read: its gauges are left out)."""
+    def prometheus(self, *, queue_length: int, store: Optional[dict] = None,
+                   bucket_requests: Optional[dict] = None) -> str:
+        """The text of /metrics; `store`: `Store.stats()` (None when it could not be read: its gauges are left out);
+        `bucket_requests`: `Store.bucket_requests()` (None: a local store)."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Scrape(self, queue_length, store))
+        registry.register(_Scrape(self, queue_length, store, bucket_requests))
         return generate_latest(registry).decode()
 
 
 class _Scrape(Collector):
     """One scrape's metric families, in a fixed order: counters, latency histograms, gauges."""
 
-    def __init__(self, metrics: Metrics, queue_length: int, store: Optional[dict]):
+    def __init__(self, metrics: Metrics, queue_length: int, store: Optional[dict], bucket_requests: Optional[dict]):
         self.metrics, self.queue_length, self.store = metrics, queue_length, store
+        self.bucket_requests = bucket_requests
 
     def collect(self) -> Iterator[Metric]:
         snap = self.metrics.snapshot()
@@ -126,6 +129,13 @@ class _Scrape(Collector):
         for d in ("restore", "recompute"):
             decisions.add_metric([d], snap.get(f"decisions_{d}", 0))
         yield decisions
+        if self.bucket_requests is not None:
+            sent = CounterMetricFamily("kvstore_bucket_requests", "Requests sent to the S3 store's bucket, by kind "
+                                       "(get, get_range, head, list, put, delete; a listing counts once).",
+                                       labels=["kind"])
+            for kind, n in sorted(self.bucket_requests.items()):
+                sent.add_metric([kind], n)
+            yield sent
         for op in OPS:
             yield from self.metrics.latency[op].collect()
         yield _gauge("kvstore_queue_length", "Requests waiting for a slot.", self.queue_length)

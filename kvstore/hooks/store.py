@@ -119,6 +119,10 @@ class AsyncStore:
         await self.settled(namespace, name)
         return await self._call(self.core.remove, name, namespace=namespace)
 
+    def bucket_requests(self) -> Optional[dict]:
+        """Requests sent to an S3 store's bucket so far, by kind (None: a local store); sends none, so not queued."""
+        return self.core.bucket_requests()
+
     async def stats(self, namespace: Optional[str] = None) -> dict:
         """The store's figures, or (`namespace`) that namespace's only: what a tenant may see of the store."""
         await self.drained()

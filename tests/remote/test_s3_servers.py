@@ -78,7 +78,10 @@ def test_user_served_by_a_then_b_is_restored_and_continues_the_same(pair):
     p2 = turn_prompt(p1 + mover.json["content"] + "\n", QUESTIONS[1])
     wait_stored(b, "mover")  # A's idle save is in the bucket: B finds it without being told
 
+    ranges0 = metric(b.url, "kvstore_bucket_requests_total", '{kind="get_range"}')
     moved = complete(b.url, p2, name="mover", n_predict=8)
+    # B read the state's objects from the bucket (its cache never held them), and /metrics counts those reads.
+    assert metric(b.url, "kvstore_bucket_requests_total", '{kind="get_range"}') > ranges0
     new = len(tokenize(b.url, p2)) - len(tokenize(b.url, p1))
     assert moved.kind == "restored", (moved.kind, moved.headers)
     assert int(moved.headers["X-KV-Restored-Tokens"]) >= len(tokenize(b.url, p1))
