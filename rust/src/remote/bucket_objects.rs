@@ -26,7 +26,7 @@ use bytes::Bytes;
 use rayon::prelude::*;
 
 use super::client::{Bucket, Meta, PARALLEL};
-use super::keys::{index_key, object_key, pack_key, unique_suffix};
+use super::keys::{id_in_key, index_key, object_key, pack_key, unique_suffix};
 use super::pack::{self, Entry};
 use super::pack_map::{Located, PackInfo, PackMap};
 use super::prune;
@@ -92,17 +92,17 @@ impl BucketObjects {
     /// is safe until the lock is released (a prune bumps the generation before it deletes anything).
     pub fn trust_at(&self, generation: u64) -> Result<(), ObjectError> {
         let mut seen = self.trusted_at.lock().expect("generation lock");
-        if *seen != Some(generation) || self.loose.read().expect("loose lock").is_none() {
+        let new_generation = *seen != Some(generation);
+        if new_generation {
             self.packs.refresh(&self.bucket)?;
-            let mut loose = HashMap::new();
-            for m in self.bucket.list("objects")? {
-                if let Some(id) = m.rel.rsplit('/').next().and_then(|n| n.parse::<ObjectId>().ok()) {
-                    loose.insert(id, m.size);
-                }
-            }
-            *self.loose.write().expect("loose lock") = Some(loose);
-            *seen = Some(generation);
         }
+        // Listed again after a prune here too (`loose_changed`), which already listed the packs afresh.
+        if new_generation || self.loose.read().expect("loose lock").is_none() {
+            let listed = self.bucket.list("objects")?;
+            let loose = listed.iter().filter_map(|m| Some((id_in_key(&m.rel)?, m.size))).collect();
+            *self.loose.write().expect("loose lock") = Some(loose);
+        }
+        *seen = Some(generation);
         Ok(())
     }
 
@@ -142,7 +142,6 @@ impl BucketObjects {
         Ok(())
     }
 
-    /// Download these objects concurrently (packed ones by ranged GETs); None for an absent one.
     /// The distinct packs that hold these objects' canonical copies (loose objects have none).
     pub fn packs_holding(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
         let mut packs: Vec<ObjectId> = ids.iter().filter_map(|id| self.packs.locate(id)).map(|l| l.pack).collect();
@@ -168,6 +167,7 @@ impl BucketObjects {
         self.packs.listings()
     }
 
+    /// Download these objects concurrently (packed ones by ranged GETs); None for an absent one.
     pub fn download(&self, ids: Vec<ObjectId>) -> Result<Vec<Option<Bytes>>, ObjectError> {
         let mut out: Vec<Option<Bytes>> = vec![None; ids.len()];
         let all: Vec<usize> = (0..ids.len()).collect();
@@ -245,7 +245,7 @@ impl BucketObjects {
         let mut bytes = listed.bytes;
         for m in self.bucket.list("objects")? {
             bytes += m.size;
-            if let Some(id) = m.rel.rsplit('/').next().and_then(|n| n.parse::<ObjectId>().ok()) {
+            if let Some(id) = id_in_key(&m.rel) {
                 if !packed.contains(&id) {
                     out.push((id, m.modified, m.size));
                 }
@@ -303,7 +303,7 @@ impl BucketObjects {
     /// Write a pack's index again from the copy in its trailer (its objects then count again; a gc removes
     /// those no name references, as it does any).
     fn rebuild_index(&self, m: &Meta) -> Result<(), ObjectError> {
-        let Some(id) = m.rel.rsplit('/').next().and_then(|n| n.parse::<ObjectId>().ok()) else { return Ok(()) };
+        let Some(id) = id_in_key(&m.rel) else { return Ok(()) };
         let b = &*self.bucket;
         let key = pack_key(&id);
         let read = |range| b.block_on(b.get_range_async(&key, range));

@@ -2,7 +2,7 @@
 //! lock or a quarantined copy.
 //!
 //! CONTRACT: `object_key(id)` is `objects/<2 hex>/<64 hex>` (the same sharding as a local store's files), a loose
-//! object; `pack_key` / `index_key` are a pack and its index under `packs/`;
+//! object; `pack_key` / `index_key` are a pack and its index under `packs/`; `id_in_key` reads the id back;
 //! `unique_suffix()` (objects' one home of it) is 16 random hex digits, so keys written by different processes
 //! and machines do not collide.
 
@@ -12,6 +12,11 @@ pub use crate::objects::atomic::unique_suffix;
 pub fn object_key(id: &ObjectId) -> String {
     let h = id.hex();
     format!("objects/{}/{h}", &h[..2])
+}
+
+/// The id a loose object's or a pack's key ends with (None: another key, an index's `.idx` among them).
+pub fn id_in_key(rel: &str) -> Option<ObjectId> {
+    rel.rsplit('/').next()?.parse().ok()
 }
 
 /// Where packs and their indexes live (`pack.rs`).
