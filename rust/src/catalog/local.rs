@@ -11,9 +11,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{Catalog, Freshness, GcLock, Held, SyncReport};
+use super::{Catalog, Committed, Freshness, GcLock, Held, SyncReport};
 use crate::error::{Error, Result};
-use crate::id::ObjectId;
 use crate::index::{HeedExt, Index, NameRecord, Retention};
 
 /// `<dir>/lock`, flocked shared by saves and exclusively by gc.
@@ -69,8 +68,9 @@ impl Catalog for LocalCatalog {
         Ok(ix.names.get(&r, &(namespace, name)).ix(ix)?)
     }
 
-    fn commit_name(&self, _namespace: &str, _name: &str, manifest: ObjectId, _json: &[u8], now: f64) -> Result<NameRecord> {
-        Ok(NameRecord { manifest, created: now, last_used: now, etag: None, displaced: Vec::new(), retention: Default::default() })
+    fn commit_name(&self, _namespace: &str, _name: &str, state: &Committed, now: f64) -> Result<NameRecord> {
+        let (displaced, retention) = (Vec::new(), Default::default());
+        Ok(NameRecord { manifest: state.id, created: now, last_used: now, etag: None, displaced, retention })
     }
 
     fn remove_name(&self, _namespace: &str, _name: &str) -> Result<bool> {

@@ -4,7 +4,7 @@
 //!
 //! | file | job |
 //! |---|---|
-//! | `mod.rs` | the `Catalog` trait and what it returns (`SyncReport`, `Freshness`, `GcLock`) |
+//! | `mod.rs` | the `Catalog` trait, what it is given (`Committed`), what it returns (`SyncReport`, `GcLock`, ...) |
 //! | `local.rs` | `LocalCatalog`: the names are the LMDB index's own rows; locks are `flock`s on `<store>/lock` |
 //!
 //! CONTRACT for every catalog: a name is committed only after every object it needs is stored (the caller
@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::id::ObjectId;
 use crate::index::{NameRecord, Retention};
+use crate::manifest::Manifest;
 
 mod local;
 
@@ -60,6 +61,13 @@ pub struct SyncReport {
     pub elapsed_s: f64,
 }
 
+/// The state a name is about to point at: its manifest's id, the manifest and its JSON (the stored bytes).
+pub struct Committed<'a> {
+    pub id: ObjectId,
+    pub manifest: &'a Manifest,
+    pub json: &'a [u8],
+}
+
 pub trait Catalog: Send + Sync {
     /// Where the names live when it is not this directory (a bucket store's `s3://bucket/prefix`); None: here.
     fn location(&self) -> Option<&str>;
@@ -70,10 +78,8 @@ pub trait Catalog: Send + Sync {
     /// A name's record, read where names live (mirrored into the index when that is elsewhere); None: no
     /// such name.
     fn name(&self, namespace: &str, name: &str) -> Result<Option<NameRecord>>;
-    /// Point a name at `manifest` (whose JSON is `manifest_json`), whose objects are all stored; returns the
-    /// index row to commit with it.
-    fn commit_name(&self, namespace: &str, name: &str, manifest: ObjectId, manifest_json: &[u8], now: f64)
-        -> Result<NameRecord>;
+    /// Point a name at `state`, whose objects are all stored; returns the index row to commit with it.
+    fn commit_name(&self, namespace: &str, name: &str, state: &Committed, now: f64) -> Result<NameRecord>;
     /// Forget a name where names live, before the caller drops its index row. True if it was there (always
     /// false when the index is the catalog: the row is the name).
     fn remove_name(&self, namespace: &str, name: &str) -> Result<bool>;

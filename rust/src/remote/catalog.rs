@@ -17,11 +17,9 @@ use super::locks::{self, LockGuard};
 use super::lru_cache::LruCache;
 use super::sync::{self, Mirror};
 use super::{names, RemoteOptions};
-use crate::catalog::{Catalog, Freshness, GcLock, Held, LockFile, SyncReport};
+use crate::catalog::{Catalog, Committed, Freshness, GcLock, Held, LockFile, SyncReport};
 use crate::error::Result;
-use crate::id::ObjectId;
 use crate::index::{HeedExt, Index, NameRecord, Retention};
-use crate::manifest::Manifest;
 use crate::objects::ObjectStore;
 
 pub struct BucketCatalog {
@@ -93,14 +91,13 @@ impl Catalog for BucketCatalog {
         }
     }
 
-    fn commit_name(&self, namespace: &str, name: &str, manifest: ObjectId, manifest_json: &[u8], now: f64)
-        -> Result<NameRecord> {
-        let known = self.local_row(namespace, name)?.map(|r| r.manifest);
+    fn commit_name(&self, namespace: &str, name: &str, state: &Committed, now: f64) -> Result<NameRecord> {
+        let (manifest, known) = (state.id, self.local_row(namespace, name)?.map(|r| r.manifest));
         // The packs its objects lie in now (the save just uploaded or located them all).
-        let mut ids = Manifest::from_json(manifest, manifest_json).map(|m| m.referenced()).unwrap_or_default();
+        let mut ids = state.manifest.referenced();
         ids.push(manifest);
         let packs = self.objects.packs_holding(&ids);
-        let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, manifest_json, &packs, now, known)?;
+        let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, state.json, &packs, now, known)?;
         let (displaced, retention) = (rec.displaced, rec.retention);
         Ok(NameRecord { manifest, created: now, last_used: now, etag: Some(etag), displaced, retention })
     }

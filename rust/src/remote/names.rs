@@ -1,11 +1,11 @@
 //! Name records in the bucket: `<prefix>/names/h<hex(namespace)>/h<hex(name)>`, JSON
 //! `{"manifest": hex, "created": unix s, "displaced": [hex, ..], "retention": {"ttl_s", "pinned"},
 //! "manifest_json": "...", "packs": [hex, ..]}` (hex keeps any name a safe key; `retention` absent = none, and
-//! every later save carries it over). `manifest_json` is the manifest itself when it is at most `INLINE_MANIFEST_MAX` bytes: a
-//! machine restoring the name for the first time then reads it with the record instead of by one more request
-//! (a ranged GET inside its pack, 9-15 ms of a 50 ms cold restore on a local SeaweedFS). It is used only when it
-//! hashes to `manifest` (manifests are unkeyed); a record without it (older, or a larger manifest) is read as
-//! before. `packs` names the packs that held the state's objects when it was committed (at most
+//! every later save carries it over). `manifest_json` is the manifest itself when it is at most
+//! `INLINE_MANIFEST_MAX` bytes: a machine restoring the name for the first time then reads it with the record
+//! instead of by one more request (a ranged GET inside its pack, 9-15 ms of a 50 ms cold restore on a local
+//! SeaweedFS). It is used only when it hashes to `manifest` (manifests are unkeyed); a record without it (older,
+//! or a larger manifest) is read as before. `packs` names the packs that held the state's objects when it was committed (at most
 //! `MAX_PACKS_CARRIED`): a machine whose pack map lacks them reads their indexes instead of listing every pack
 //! of the bucket (`BucketObjects::hint`); a hint is only a hint (a prune may have moved the objects since, and
 //! then the listing finds them). Older readers ignore both fields.
@@ -177,8 +177,8 @@ pub fn commit(
         displaced.retain(|m| *m != manifest);
         displaced.truncate(MAX_DISPLACED);
         let retention = current.as_ref().map(|c| c.0.retention).unwrap_or_default();
-        let rec =
-            RemoteName { manifest, created, displaced, retention, manifest_json: inline(manifest_json), packs: packs.clone() };
+        let manifest_json = inline(manifest_json);
+        let rec = RemoteName { manifest, created, displaced, retention, manifest_json, packs: packs.clone() };
         let body = Bytes::from(serde_json::to_vec(&rec).expect("name record serializes"));
         if let Some(etag) = bucket.put_if_match(&key, body, current.as_ref().map(|c| c.1.as_str()))? {
             return Ok((rec, etag));
@@ -248,7 +248,8 @@ mod tests {
         assert_eq!(inline(&vec![b' '; INLINE_MANIFEST_MAX + 1]), None);
         assert_eq!(inline(&[0xff, 0xfe]), None);
         // Older records, without the field, still parse; a record without it is written without it.
-        let old: RemoteName = serde_json::from_str(&format!(r#"{{"manifest":"{}","created":1.0}}"#, rec.manifest.hex())).unwrap();
+        let old = format!(r#"{{"manifest":"{}","created":1.0}}"#, rec.manifest.hex());
+        let old: RemoteName = serde_json::from_str(&old).unwrap();
         assert_eq!(old.manifest_json, None);
         assert!(!String::from_utf8(serde_json::to_vec(&old).unwrap()).unwrap().contains("manifest_json"));
     }

@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::Store;
+use crate::catalog::Committed;
 use crate::error::Result;
 use crate::format::{self, Decomposed};
 use crate::id::{hex, ObjectId};
@@ -200,7 +201,8 @@ impl Store {
         }
 
         // Every object is stored; now the name, where names live.
-        let mut record = self.catalog.commit_name(namespace, name, mid, &json, now_f64())?;
+        let state = Committed { id: mid, manifest: &manifest, json: &json };
+        let mut record = self.catalog.commit_name(namespace, name, &state, now_f64())?;
 
         // One transaction: manifest, name, prefix and object rows.
         let mut w = ix.write_txn()?;
