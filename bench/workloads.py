@@ -34,12 +34,10 @@ class Tally:
     returning: int = 0
     moved: int = 0
     restored_from_bucket: int = 0
-    # A returning request's time to first token over llama-server's own time evaluating what it evaluated (for
-    # kvstore: its new tokens alone): what the restore path and the proxy add.
-    ttft_over_eval: list = field(default_factory=list)
-    # Each returning request's (TTFT, prompt_n, prompt_ms): `alone_ratio` sets its TTFT against what its tokens take
-    # llama-server evaluated alone (the rate of the same target's one-at-a-time run), which requests in flight
-    # cannot be, since a batch's prompt_ms counts every request evaluated in it.
+    # Each returning request's (TTFT s, prompt_n, prompt_ms): its TTFT over llama-server's own time evaluating what
+    # it evaluated (for kvstore: its new tokens alone), what the restore path and the proxy add; and, in
+    # `alone_ratio`, over what its tokens take evaluated alone (the rate of the same target's one-at-a-time run),
+    # which requests in flight cannot be, since a batch's prompt_ms counts every request evaluated in it.
     returning_evals: list = field(default_factory=list)
 
     def add(self, res, ideal: int, returning: bool, session=None) -> None:
@@ -50,8 +48,7 @@ class Tally:
         if returning:
             self.ttft_returning.append(res.ttft_s)
             if res.prompt_ms > 0:
-                self.ttft_over_eval.append(res.ttft_s / (res.prompt_ms / 1000))
-                self.returning_evals.append([round(res.ttft_s, 4), res.prompt_n, round(res.prompt_ms, 1)])
+                self.returning_evals.append((res.ttft_s, res.prompt_n, res.prompt_ms))
             self.returning += 1
             if session in self.last_server and self.last_server[session] != res.server:
                 self.moved += 1
@@ -63,15 +60,15 @@ class Tally:
 
     def summary(self) -> dict:
         t = sorted(self.ttft_returning)
+        over_eval = [ttft / (ms / 1000) for ttft, _, ms in self.returning_evals]
         p95 = t[min(len(t) - 1, int(0.95 * len(t)))] if t else 0.0
         return {"requests": self.requests, "prompt_n": self.prompt_n, "cache_n": self.cache_n, "ideal": self.ideal,
                 "ratio_to_ideal": round(self.prompt_n / self.ideal, 3) if self.ideal else None,
                 "ttft_returning_p50_s": round(statistics.median(t), 4) if t else None,
                 "ttft_returning_p95_s": round(p95, 4) if t else None, "kv_cache": self.kv_cache,
-                "ttft_returning_over_own_eval_p50": (round(statistics.median(self.ttft_over_eval), 3)
-                                                     if self.ttft_over_eval else None),
+                "ttft_returning_over_own_eval_p50": round(statistics.median(over_eval), 3) if over_eval else None,
                 "returning": self.returning, "moved": self.moved, "restored_from_bucket": self.restored_from_bucket,
-                "returning_evals": self.returning_evals}
+                "returning_evals": [[round(ttft, 4), n, round(ms, 1)] for ttft, n, ms in self.returning_evals]}
 
 
 def eval_ms_per_token(row: dict) -> float | None:
