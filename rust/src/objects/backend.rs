@@ -68,16 +68,31 @@ pub struct Usage {
 }
 
 /// Objects `Backend::fetch` brought for one read: encoded bytes by id, not yet verified (slices of the
-/// responses they came in, never copied).
+/// responses they came in, never copied). A copy a read found wrong is `reject`ed: it is never kept.
 #[derive(Default)]
-pub struct Fetched(pub HashMap<ObjectId, Bytes>);
+pub struct Fetched {
+    objects: HashMap<ObjectId, Bytes>,
+    rejected: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
+}
 
 impl Fetched {
+    pub fn new(objects: HashMap<ObjectId, Bytes>) -> Self {
+        Fetched { objects, rejected: Default::default() }
+    }
     pub fn get(&self, id: &ObjectId) -> Option<&Bytes> {
-        self.0.get(id)
+        self.objects.get(id)
     }
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.objects.is_empty()
+    }
+    /// This copy did not match its id (a bad transfer, or a read hint that pointed elsewhere).
+    pub fn reject(&self, id: &ObjectId) {
+        self.rejected.lock().unwrap_or_else(|e| e.into_inner()).insert(*id);
+    }
+    /// The fetched copies not rejected.
+    pub fn accepted(&self) -> impl Iterator<Item = (&ObjectId, &Bytes)> {
+        let rejected = self.rejected.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.objects.iter().filter(move |(id, _)| !rejected.contains(id))
     }
 }
 

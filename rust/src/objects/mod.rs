@@ -135,9 +135,10 @@ impl ObjectStore {
     }
 
     /// [`get_with`](Self::get_with) that takes the encoded bytes from `fetched` where they are there (a bucket
-    /// store's `Backend::fetch`), else from the backend. A mismatch is quarantined where the bytes came from.
+    /// store's `Backend::fetch`), else from the backend. A fetched copy that does not match is rejected (never
+    /// kept) and the backend's own copy read instead; a mismatch there is quarantined where it lies.
     pub fn get_fetched(&self, id: &ObjectId, scope: &Scope, buffer: &BufferFor<'_>, fetched: &Fetched) -> Result<Got, ObjectError> {
-        match self.read_checked(id, std::slice::from_ref(scope), true, buffer, fetched.get(id))? {
+        match self.read_checked(id, std::slice::from_ref(scope), true, buffer, Some(fetched))? {
             Checked::Matched(got) => Ok(got),
             Checked::InNoScope => unreachable!("a mismatch is quarantined and reported as corrupt"),
         }
@@ -156,7 +157,7 @@ impl ObjectStore {
         scopes: &[Scope],
         mismatch_is_corrupt: bool,
         buffer: &BufferFor<'_>,
-        fetched: Option<&bytes::Bytes>,
+        fetched: Option<&Fetched>,
     ) -> Result<Checked, ObjectError> {
         let check = |encoded: &[u8], from_backend: bool| match decode_with(encoded, buffer) {
             Ok(bytes) if scopes.iter().any(|s| s.id_of(&bytes) == *id) => {
@@ -169,16 +170,27 @@ impl ObjectStore {
             Ok(_) => Err("hash mismatch".to_string()),
             Err(reason) => Err(reason),
         };
-        let (checked, stored_len) = match fetched {
-            Some(encoded) => (check(encoded, false), encoded.len() as u64),
-            // The encoded bytes go to a per-thread buffer, reused from object to object (no fresh pages per read).
-            None => READ_BUF.with(|buf| {
+        // The encoded bytes go to a per-thread buffer, reused from object to object (no fresh pages per read).
+        let from_backend = || {
+            READ_BUF.with(|buf| {
                 let mut buf = buf.borrow_mut();
                 if !self.backend.get_into(id, &mut buf)? {
                     return Err(ObjectError::Missing { id: *id });
                 }
                 Ok((check(&buf, true), buf.len() as u64))
-            })?,
+            })
+        };
+        let (checked, stored_len) = match fetched.and_then(|f| f.get(id).map(|encoded| (f, encoded))) {
+            Some((f, encoded)) => match check(encoded, false) {
+                Err(_) => {
+                    // A fetched copy that does not match may be a bad transfer or a read hint that pointed
+                    // elsewhere (`BucketObjects::hint`): the backend's own copy decides what is corrupt.
+                    f.reject(id);
+                    from_backend()?
+                }
+                checked => (checked, encoded.len() as u64),
+            },
+            None => from_backend()?,
         };
         match checked {
             Ok(Some(bytes)) => Ok(Checked::Matched(Got { bytes, stored_len })),

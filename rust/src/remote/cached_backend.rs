@@ -85,13 +85,14 @@ impl Backend for CachedBackend {
             return Ok(Fetched::default());
         }
         let got = self.bucket.download(missing.clone())?;
-        Ok(Fetched(missing.into_iter().zip(got).filter_map(|(id, b)| b.map(|b| (id, b))).collect()))
+        Ok(Fetched::new(missing.into_iter().zip(got).filter_map(|(id, b)| b.map(|b| (id, b))).collect()))
     }
 
-    /// What the cache lacks of `fetched`, written under temp names (renamed by `keep`).
+    /// What the cache lacks of `fetched` (its rejected copies left out), written under temp names (renamed by
+    /// `keep`).
     fn stage(&self, fetched: &Fetched) -> Staged {
         let fresh: Vec<(ObjectId, &[u8])> =
-            fetched.0.iter().filter(|(id, _)| !self.cache.holds(id)).map(|(id, b)| (*id, &b[..])).collect();
+            fetched.accepted().filter(|(id, _)| !self.cache.holds(id)).map(|(id, b)| (*id, &b[..])).collect();
         let files = self.cache.dir.stage(&fresh);
         Staged::new(move || files.persist())
     }

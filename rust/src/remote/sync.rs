@@ -106,13 +106,13 @@ pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let mut from_bucket = c.cached.backend().fetch(&need)?;
+    let from_bucket = c.cached.backend().fetch(&need)?;
     for id in &need {
         // A missing or corrupt manifest still gets its name row (gc then refuses, verify names it).
         let got = match c.cached.get_fetched(id, &Scope::Unkeyed, &|_| Vec::new(), &from_bucket) {
             Ok(got) => got,
             Err(ObjectError::Missing { .. } | ObjectError::Corrupt { .. }) => {
-                from_bucket.0.remove(id);
+                from_bucket.reject(id);
                 continue;
             }
             Err(e) => return Err(e.into()),

@@ -5,7 +5,8 @@
 //! a copy's do; what a bucket store fetched is used where it lies in the responses).
 //!
 //! CONTRACT: `expect` (the server's fingerprint) is checked before any object is read; a rebuild with the
-//! saved stream count is byte-exact and checked against the manifest's file hash, a mismatch writes nothing.
+//! saved stream count is byte-exact and checked against the manifest's file hash, a mismatch (or parts that
+//! do not even recompose, which only the file hash would have vouched for) writes nothing.
 //! That check is what verifies the objects on this path (each is decoded, not hashed again:
 //! `ObjectStore::get_for_file_hash`); on a mismatch every object is read again hashed, so the bad one is found,
 //! quarantined and named in the error, as on any other read. What a bucket store fetched goes to its cache
@@ -50,6 +51,9 @@ pub struct Loaded {
     /// What a bucket store fetched for a read checked by the file hash (`Backend::fetch`), for the caller to
     /// keep once the hash matched (a read that hashed each object kept its own already: then empty).
     fetched: Fetched,
+    /// Each object was hashed as it was read (`Check::EachObject`); else only the rebuilt file's hash will
+    /// vouch for them.
+    hashed_each: bool,
 }
 
 impl Store {
@@ -134,39 +138,30 @@ impl Store {
                     Fetched::default()
                 }
             },
+            hashed_each: matches!(check, Check::EachObject),
         })
     }
 
     /// Rebuild a state's slot file in memory. Byte-exact (and checked against the stored file hash) unless
     /// `n_stream` asks for another stream count than the saved one.
     pub fn rebuild(&self, target: &Target, expect: Option<&Fingerprint>, n_stream: Option<u32>) -> Result<(Loaded, Vec<u8>)> {
-        let (loaded, file, exact) = self.rebuild_unchecked(target, expect, n_stream, Check::FileHash)?;
-        if !exact {
-            return Ok((loaded, file));
+        let loaded = self.load_checked(target, expect, Check::FileHash, n_stream, false)?;
+        let file = recompose_loaded(&loaded, n_stream);
+        if loaded.hashed_each {
+            return Ok((loaded, file?)); // not byte-exact: its objects were hashed, there is no file hash
         }
-        if check_file_hash(target, &loaded, &[&file]).is_ok() {
-            self.objects.keep_fetched(&loaded.fetched); // the rebuilt file's hash matched
-            return Ok((loaded, file));
+        if let Ok(file) = file {
+            if check_file_hash(target, &loaded, &[&file]).is_ok() {
+                self.objects.keep_fetched(&loaded.fetched); // the rebuilt file's hash matched
+                return Ok((loaded, file));
+            }
         }
-        // Read again, each object hashed: the bad one is quarantined and named.
-        let (loaded, file, _) = self.rebuild_unchecked(target, expect, n_stream, Check::EachObject)?;
+        // Parts read unhashed that do not recompose, or not into the file: read again, each object hashed (the
+        // bad one is quarantined and named).
+        let loaded = self.load_checked(target, expect, Check::EachObject, n_stream, false)?;
+        let file = recompose_loaded(&loaded, n_stream)?;
         check_file_hash(target, &loaded, &[&file])?;
         Ok((loaded, file))
-    }
-
-    /// The rebuilt bytes and whether they must match the manifest's file hash (not yet checked). `check`:
-    /// `FileHash` is taken only for a byte-exact rebuild (the only one with a file hash to check).
-    fn rebuild_unchecked(
-        &self,
-        target: &Target,
-        expect: Option<&Fingerprint>,
-        n_stream: Option<u32>,
-        check: Check,
-    ) -> Result<(Loaded, Vec<u8>, bool)> {
-        let loaded = self.load_checked(target, expect, check, n_stream, false)?;
-        let (refs, opts, exact) = emit_args(&loaded, n_stream);
-        let file = format::recompose(&loaded.skeleton, &refs, &opts)?;
-        Ok((loaded, file, exact))
     }
 
     /// Write a state as a slot file at `out_path`: `<dir>/.<random>.tmp`, then rename (fsync only if `durable`).
@@ -258,11 +253,22 @@ fn emit_args(loaded: &Loaded, n_stream: Option<u32>) -> (Vec<&[u8]>, EmitOptions
     (refs, EmitOptions { n_stream: if exact { None } else { n_stream } }, exact)
 }
 
+/// `loaded` recomposed in memory (`rebuild`).
+fn recompose_loaded(loaded: &Loaded, n_stream: Option<u32>) -> std::result::Result<Vec<u8>, format::FormatError> {
+    let (refs, opts, _) = emit_args(loaded, n_stream);
+    format::recompose(&loaded.skeleton, &refs, &opts)
+}
+
 /// Write a state's file atomically from its parts, its file hash checked beside the write (when byte-exact).
-/// Some(bytes written); None: the hash did not match and nothing was written.
+/// Some(bytes written); None: the hash did not match, or parts not yet verified did not recompose (a wrong
+/// copy fails the format before the hash), and nothing was written.
 fn write_checked(target: &Target, out_path: &Path, durable: bool, loaded: &Loaded, n_stream: Option<u32>) -> Result<Option<u64>> {
     let (refs, opts, exact) = emit_args(loaded, n_stream);
-    let mut pieces = format::recompose_pieces(&loaded.skeleton, &refs, &opts)?;
+    let mut pieces = match format::recompose_pieces(&loaded.skeleton, &refs, &opts) {
+        Ok(pieces) => pieces,
+        Err(_) if !loaded.hashed_each => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     let file_bytes = pieces.total_len();
     let slices = pieces.slices();
     let mismatch = std::sync::atomic::AtomicBool::new(false);
