@@ -1,7 +1,8 @@
 //! `BucketObjects`, the `Backend` of objects in a bucket. A save's objects go up in packs (`pack.rs`,
 //! `packs/<2 hex>/<64 hex>` and its `.idx`), as restic packs blobs, manifests included; a single `put_file` is
 //! a loose object, `objects/<2 hex>/<64 hex>` (the same KVOB bytes as a local store's file), as is what older
-//! versions wrote. Reads find an object through the `PackMap` and fetch it with a ranged GET, else loose.
+//! versions wrote. Reads find an object through the `PackMap`, else where a name's record placed it (`hint`),
+//! and fetch it with a ranged GET, else loose.
 //!
 //! CONTRACT: every PUT is a create-if-absent (If-None-Match: *) of content-addressed bytes, so nothing is
 //! rewritten; a PUT is atomic on S3, so there are no temp files. `put_files` encodes on rayon's threads,
@@ -58,6 +59,9 @@ pub struct BucketObjects {
     /// Packs that name records just read say hold their states' objects (`hint`), newest last: a read that
     /// misses tries these before it lists every pack.
     hinted: Arc<std::sync::Mutex<std::collections::VecDeque<ObjectId>>>,
+    /// Where name records just read say their objects lay (object id -> pack, entry): a read that misses in
+    /// the pack map reads these ranges first, each once (`hint`).
+    placed: Arc<std::sync::Mutex<HashMap<ObjectId, (ObjectId, Entry)>>>,
     /// Loose objects (`objects/`, with their lengths) as listed by `trust_at` at `trusted_at`'s generation: a
     /// save's dedup asks this set instead of sending a HEAD for each object its pack map lacks. None: not
     /// listed, or changed here since (a prune, a delete).
@@ -66,6 +70,8 @@ pub struct BucketObjects {
 
 /// Packs remembered from name records (`BucketObjects::hint`).
 const HINTS_KEPT: usize = 256;
+/// Object places remembered from name records; past this many the older ones are forgotten.
+const PLACES_KEPT: usize = 1 << 16;
 
 /// One ranged GET: a span of a pack, and the wanted objects in it (their slot in the caller's list).
 struct Span {
@@ -83,6 +89,7 @@ impl BucketObjects {
             orphan_age,
             trusted_at: Arc::default(),
             hinted: Arc::default(),
+            placed: Arc::default(),
             loose: Arc::default(),
         }
     }
@@ -142,17 +149,18 @@ impl BucketObjects {
         Ok(())
     }
 
-    /// The distinct packs that hold these objects' canonical copies (loose objects have none).
-    pub fn packs_holding(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
-        let mut packs: Vec<ObjectId> = ids.iter().filter_map(|id| self.packs.locate(id)).map(|l| l.pack).collect();
-        packs.sort_by_key(|p| p.0);
-        packs.dedup();
-        packs
+    /// Where these objects' canonical copies lie now: (pack, entry) of each packed one (loose objects have none).
+    pub fn places(&self, ids: &[ObjectId]) -> Vec<(ObjectId, Entry)> {
+        let mut seen = HashSet::new();
+        ids.iter().filter(|id| seen.insert(**id)).filter_map(|id| self.packs.locate(id)).map(|l| (l.pack, l.entry)).collect()
     }
 
-    /// Packs a name's record names (`names.rs`): a later read that misses reads their indexes before it lists
-    /// the bucket. Costs no request now.
-    pub fn hint(&self, packs: &[ObjectId]) {
+    /// What a name's record says of where its objects lay when it was committed (`names.rs`): the packs, and
+    /// each object's place in them. A later read that misses in the pack map reads those ranges at once, then
+    /// the packs' indexes, before it lists the bucket. Costs no request now. A place is only a hint: packs are
+    /// immutable (keyed by their hash), so one is right or its pack is gone (a prune), and what a read fetches
+    /// is checked against its id before it is used or kept (`ObjectStore::get_fetched`).
+    pub fn hint(&self, packs: &[ObjectId], places: &[(ObjectId, Entry)]) {
         let mut h = self.hinted.lock().unwrap_or_else(|e| e.into_inner());
         for p in packs.iter().filter(|p| !self.packs.knows(p)) {
             h.retain(|q| q != p);
@@ -161,6 +169,11 @@ impl BucketObjects {
         while h.len() > HINTS_KEPT {
             h.pop_front();
         }
+        let mut placed = self.placed.lock().unwrap_or_else(|e| e.into_inner());
+        if placed.len() + places.len() > PLACES_KEPT {
+            placed.clear();
+        }
+        placed.extend(places.iter().filter(|(p, _)| !self.packs.knows(p)).map(|&(p, e)| (e.id, (p, e))));
     }
 
     pub fn listings(&self) -> u64 {
@@ -173,8 +186,11 @@ impl BucketObjects {
         let all: Vec<usize> = (0..ids.len()).collect();
         let mut left = self.read_packed(&ids, &all, &mut out)?;
         // Not in a pack this map knows (a pack another machine just wrote, or one a prune elsewhere rewrote):
-        // the packs name records named, by their indexes; then every pack listed again, once; then loose (what
-        // older versions wrote).
+        // where name records placed them; the packs they named, by their indexes; then every pack listed
+        // again, once; then loose (what older versions wrote).
+        if !left.is_empty() {
+            left = self.read_placed(&ids, left, &mut out);
+        }
         if !left.is_empty() {
             let hinted: Vec<ObjectId> =
                 std::mem::take(&mut *self.hinted.lock().unwrap_or_else(|e| e.into_inner())).into();
@@ -209,6 +225,26 @@ impl BucketObjects {
         }
         left.extend(self.read_spans(wanted, out)?);
         Ok(left)
+    }
+
+    /// Read `which` of `ids` where name records placed them (each place used once) into `out`; returns those
+    /// not read so. A place that fails in any way (its pack gone, a range past its end) is a miss, never an
+    /// error: the reads after it find the object, or say why not.
+    fn read_placed(&self, ids: &[ObjectId], which: Vec<usize>, out: &mut [Option<Bytes>]) -> Vec<usize> {
+        let mut left = Vec::new();
+        let mut wanted: Vec<(ObjectId, usize, Entry)> = Vec::new();
+        {
+            let mut placed = self.placed.lock().unwrap_or_else(|e| e.into_inner());
+            for k in which {
+                match placed.remove(&ids[k]) {
+                    Some((pack, entry)) => wanted.push((pack, k, entry)),
+                    None => left.push(k),
+                }
+            }
+        }
+        let tried: Vec<usize> = wanted.iter().map(|(_, k, _)| *k).collect();
+        left.extend(self.read_spans(wanted, out).unwrap_or(tried));
+        left
     }
 
     /// Read these (pack, slot, entry)s by ranged GETs (`plan_spans`) into `out[slot]`; returns the slots whose

@@ -84,7 +84,7 @@ impl Catalog for BucketCatalog {
         let local = self.local_row(namespace, name)?;
         match sync::read_name(&self.mirror, namespace, name, local.as_ref())? {
             Some(read) => Ok(read.map(|got| {
-                self.objects.hint(&got.packs); // where a restore of it will look first
+                self.objects.hint(&got.packs, &got.places); // where a restore of it will look first
                 got.row
             })),
             None => Ok(local), // unreachable: what this machine knows
@@ -93,11 +93,11 @@ impl Catalog for BucketCatalog {
 
     fn commit_name(&self, namespace: &str, name: &str, state: &Committed, now: f64) -> Result<NameRecord> {
         let (manifest, known) = (state.id, self.local_row(namespace, name)?.map(|r| r.manifest));
-        // The packs its objects lie in now (the save just uploaded or located them all).
+        // Where its objects lie now (the save just uploaded or located them all).
         let mut ids = state.manifest.referenced();
         ids.push(manifest);
-        let packs = self.objects.packs_holding(&ids);
-        let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, state.json, &packs, now, known)?;
+        let places = self.objects.places(&ids);
+        let (rec, etag) = names::commit(&self.bucket, namespace, name, manifest, state.json, &places, now, known)?;
         let (displaced, retention) = (rec.displaced, rec.retention);
         Ok(NameRecord { manifest, created: now, last_used: now, etag: Some(etag), displaced, retention })
     }

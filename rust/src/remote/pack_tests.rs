@@ -146,8 +146,14 @@ fn a_lost_index_is_rebuilt_from_its_pack_and_a_lone_index_goes() {
     a.cat.bucket.delete(&idx).unwrap();
     a.cat.bucket.put(&format!("packs/ab/{}.idx", "ab".repeat(32)), bytes::Bytes::from_static(b"KVPI")).unwrap();
     assert_eq!(layout(&a).1, 2);
-    // A machine that never saw the index cannot find the blocks, and says so.
+    // A machine that never saw the index finds the blocks where the name's record placed them ...
     let db = TempDir::new("ib");
+    assert_eq!(load(&machine(&mem, &db, None, opts), "x").manifest.n_tokens, 80);
+    // ... and without those places it cannot find them, and says so.
+    let (mut rec, _) = names::read(&a.cat.bucket, "", "x").unwrap().unwrap();
+    rec.placed.clear();
+    a.cat.bucket.put(&names::name_key("", "x"), bytes::Bytes::from(serde_json::to_vec(&rec).unwrap())).unwrap();
+    let db = TempDir::new("ib2");
     let b = machine(&mem, &db, None, opts);
     let e = b.load(&crate::store::Target::Name { namespace: "", name: "x" }, None).err().unwrap();
     assert!(e.to_string().contains("missing"), "{e}");
