@@ -17,11 +17,12 @@
 //! count, and gc drops those no name references), an index without its pack is deleted. `touch` cannot
 //! refresh a bucket's LastModified: reuse is protected by the lock protocol (`locks.rs`). `quarantine`
 //! copies a corrupt object to `<prefix>/quarantine/` and removes it (a repack for a packed one), so the next
-//! put repairs it.
+//! put repairs it. `stored` (the bucket's totals, for stats only) lists the bucket at most every
+//! `TOTALS_FOR`, adding this process's uploads meanwhile; nothing that decides what to keep or evict reads it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use rayon::prelude::*;
@@ -66,7 +67,15 @@ pub struct BucketObjects {
     /// save's dedup asks this set instead of sending a HEAD for each object its pack map lacks. None: not
     /// listed, or changed here since (a prune, a delete).
     loose: Arc<std::sync::RwLock<Option<HashMap<ObjectId, u64>>>>,
+    /// The bucket's totals for `stored` (when listed, objects, bytes): listed at most every `TOTALS_FOR`, this
+    /// process's uploads added as they go; None after a prune here (the next read lists).
+    totals: Arc<std::sync::Mutex<Option<(Instant, u64, u64)>>>,
 }
+
+/// How long the bucket's totals (`stored`: stats, /metrics, the status page) serve before they are listed
+/// again. A listing of a large bucket is many requests (1,000 keys a page) and a scrape every 15 s must not
+/// send them all each time; another machine's saves show in these totals within this long.
+const TOTALS_FOR: Duration = Duration::from_secs(60);
 
 /// Packs remembered from name records (`BucketObjects::hint`).
 const HINTS_KEPT: usize = 256;
@@ -91,6 +100,7 @@ impl BucketObjects {
             hinted: Arc::default(),
             placed: Arc::default(),
             loose: Arc::default(),
+            totals: Arc::default(),
         }
     }
 
@@ -142,6 +152,8 @@ impl BucketObjects {
             .collect();
         let b = &*self.bucket;
         b.run_all(puts, PARALLEL, |(key, bytes)| async move { b.put_create_async(&key, bytes).await })?;
+        let objects = built.iter().map(|p| p.entries.len() as u64).sum();
+        self.totals_add(objects, built.iter().map(|p| (p.bytes.len() + p.index.len()) as u64).sum());
         for p in built {
             let info = PackInfo { modified: SystemTime::now(), entries: p.entries };
             self.packs.add(p.id, info);
@@ -295,10 +307,30 @@ impl BucketObjects {
         Ok(self.census()?.0)
     }
 
-    /// (objects, bytes the bucket holds for them: whole packs with their indexes, and loose objects).
+    /// (objects, bytes the bucket holds for them: whole packs with their indexes, and loose objects), as
+    /// listed at most `TOTALS_FOR` ago plus this process's uploads since.
     pub fn stored(&self) -> Result<(u64, u64), ObjectError> {
+        if let Some((at, objects, bytes)) = *self.totals.lock().unwrap_or_else(|e| e.into_inner()) {
+            if at.elapsed() < TOTALS_FOR {
+                return Ok((objects, bytes));
+            }
+        }
         let (objects, bytes) = self.census()?;
-        Ok((objects.len() as u64, bytes))
+        let objects = objects.len() as u64;
+        *self.totals.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), objects, bytes));
+        Ok((objects, bytes))
+    }
+
+    fn totals_add(&self, objects: u64, bytes: u64) {
+        if let Some((_, o, b)) = self.totals.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            *o += objects;
+            *b += bytes;
+        }
+    }
+
+    /// Objects left the bucket (a prune): the next `stored` lists it.
+    fn totals_changed(&self) {
+        *self.totals.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// `Backend::put_files`'s work, returning the encoded bytes (None: already present) so that the cache in
@@ -323,6 +355,7 @@ impl BucketObjects {
     /// reader trusts a pack being deleted for longer than one listing).
     fn prune(&self, doomed: &[ObjectId]) -> Result<(), ObjectError> {
         self.loose_changed();
+        self.totals_changed();
         let listed = self.packs.refresh(&self.bucket)?;
         let plan = prune::plan(&self.packs, listed.orphans, doomed, self.orphan_age, REPACK_BATCH, object_key);
         for batch in plan.rewrites {
@@ -333,6 +366,7 @@ impl BucketObjects {
         }
         let b = &*self.bucket;
         b.run_all(plan.deletes, PARALLEL, |key| async move { b.delete_async(&key).await })?;
+        self.totals_changed(); // a `stored` that listed while the prune ran may have seen it half done
         Ok(())
     }
 
@@ -403,7 +437,9 @@ fn plan_spans(mut wanted: Vec<(ObjectId, usize, Entry)>) -> Vec<Span> {
 
 impl Backend for BucketObjects {
     fn put_file(&self, id: &ObjectId, encoded: &[u8]) -> Result<(), ObjectError> {
-        self.bucket.put_create(&object_key(id), Bytes::copy_from_slice(encoded))?;
+        if self.bucket.put_create(&object_key(id), Bytes::copy_from_slice(encoded))? {
+            self.totals_add(1, encoded.len() as u64);
+        }
         if let Some(loose) = self.loose.write().expect("loose lock").as_mut() {
             loose.insert(*id, encoded.len() as u64);
         }

@@ -185,3 +185,31 @@ fn a_quarantined_packed_object_leaves_its_pack_and_the_next_save_repairs_it() {
     assert_eq!(r.new_objects, 1, "the quarantined block (the manifest is x's): {r:?}");
     assert_eq!(load(&b, "x").manifest.tokens, toks);
 }
+
+/// The bucket's totals (stats, /metrics) list the bucket once per `TOTALS_FOR`, not on every read: a second
+/// read lists nothing, this machine's own saves (packed or loose) are counted as they go and agree with what a
+/// fresh machine lists, and a prune here makes the next read list again.
+#[test]
+fn the_buckets_totals_are_listed_once_and_follow_this_machines_own_saves() {
+    let mem = Arc::new(InMemory::new());
+    let (da, db) = (TempDir::new("ta"), TempDir::new("tb"));
+    let a = machine(&mem, &da, None, quick());
+    let f = fp(&[]);
+    put_synthetic(&a, "x", "", &(0..80).collect::<Vec<_>>(), &f);
+    let lists = |m: &Machine| m.cat.bucket.requests().into_iter().find(|(k, _)| *k == "list").unwrap().1;
+    let first = a.cat.objects.stored().unwrap();
+    let listed = lists(&a);
+    assert_eq!(a.cat.objects.stored().unwrap(), first);
+    assert_eq!(lists(&a), listed, "a second read listed the bucket again");
+    put_synthetic(&a, "y", "", &(100..260).collect::<Vec<_>>(), &f);
+    a.cat.objects.put_file(&ObjectId::of(b"a loose one"), b"not a real object, only its bytes count").unwrap();
+    let now = a.cat.objects.stored().unwrap();
+    assert!(now.0 > first.0 && now.1 > first.1, "{first:?} -> {now:?}");
+    assert_eq!(now, machine(&mem, &db, None, quick()).cat.objects.stored().unwrap(), "not what the bucket holds");
+    let listed = lists(&a);
+    a.remove("y", "").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    crate::gc::gc(&a, Duration::ZERO, false).unwrap();
+    let after = a.cat.objects.stored().unwrap();
+    assert!(lists(&a) > listed && after.0 < now.0, "{now:?} -> {after:?}");
+}

@@ -2,7 +2,8 @@
 //!
 //! CONTRACT: syncs the names first (quietly: an unreachable place leaves the index as it is); sizes are the
 //! index's object rows (this machine's saves); a layered backend adds what its primary copy and its cache
-//! hold (`Backend::usage`; the primary's counts are None when it could not be listed). `namespace_stats(ns)`
+//! hold (`Backend::usage`; the primary's counts are None when it could not be listed, or when the names'
+//! sync found it unreachable). `namespace_stats(ns)`
 //! is the same figures for one namespace: its names, the manifests they reference (displaced ones too) and
 //! the distinct objects those need, nothing store-wide (bucket and cache sizes None). With scoped object ids
 //! (`crate::scope`) no object of a namespace `!= ""` is shared with another, so its `stored_bytes` are bytes
@@ -13,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use super::Store;
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 use crate::id::ObjectId;
 use crate::index::{validate_name, HeedExt};
 
@@ -118,7 +119,13 @@ impl Store {
         struct Sizes {
             file_bytes: u64,
         }
-        self.sync_quietly(None)?;
+        // Quietly: an unreachable bucket leaves the index as it is, and its totals (which it keeps for a while,
+        // `BucketObjects::stored`) are then not shown, so that stats say the bucket could not be read.
+        let reached = match self.catalog.sync(None) {
+            Ok(_) => true,
+            Err(e) if e.kind() == ErrorKind::RemoteUnavailable => false,
+            Err(e) => return Err(e),
+        };
         let ix = &*self.index;
         let r = ix.read_txn()?;
         let mut logical = 0u64;
@@ -147,8 +154,9 @@ impl Store {
             stored += row.stored_len;
         }
         let mut st = Stats::of(names, ix.manifests.len(&r).ix(ix)?, objects, logical, raw, stored, self.block_size);
-        st.bucket_objects = usage.primary.map(|b| b.0);
-        st.bucket_bytes = usage.primary.map(|b| b.1);
+        let primary = usage.primary.filter(|_| reached);
+        st.bucket_objects = primary.map(|b| b.0);
+        st.bucket_bytes = primary.map(|b| b.1);
         st.cache_bytes = usage.cache.map(|c| c.0);
         st.cache_limit = usage.cache.and_then(|c| c.1);
         Ok(st)
