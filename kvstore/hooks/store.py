@@ -10,6 +10,8 @@ pending state is not yet stored: it is nobody's prefix and nothing to evict).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from kvstore.errors import error_message
@@ -25,6 +27,31 @@ class AsyncStore:
         self.core = store
         self.on_remote_failure = on_remote_failure
         self.behind: Optional[WriteBehind] = None  # set by the hooks when saves are written behind
+        # Saves and removals of each name this process started, those under way, and evictions: `changes`.
+        self._changed: dict[tuple[str, str], int] = {}
+        self._changing_now: collections.Counter = collections.Counter()
+        self._evictions = 0
+
+    def changes(self, namespace: str, name: str) -> Optional[tuple[int, int]]:
+        """A mark that moves whenever this process saves or removes the name, or evicts anything; None while such
+        a change is under way. A state read between two equal marks is the name's current one as far as this
+        process wrote it."""
+        if self._changing_now[(namespace, name)] or self._changing_now[None]:
+            return None
+        return self._changed.get((namespace, name), 0), self._evictions
+
+    @contextlib.contextmanager
+    def _changing(self, key: Optional[tuple[str, str]]):
+        """A change of one name (or, None, of any) by this process, counted from its start to its end."""
+        self._changing_now[key] += 1
+        try:
+            yield
+        finally:
+            self._changing_now[key] -= 1
+            if key is None:
+                self._evictions += 1
+            else:
+                self._changed[key] = self._changed.get(key, 0) + 1
 
     async def settled(self, namespace: str, *names: Optional[str]) -> None:
         """Until no write-behind save of these names is pending."""
@@ -66,8 +93,9 @@ class AsyncStore:
         layout unlike the namespace's earlier states (the server restarted with another cache type) is stored:
         `force` skips only that comparison, never the completeness check against the model's layer count."""
         await self.settled(namespace, name, parent)
-        return await self._call(self.core.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
-                                       parent=parent, remove_file=True, force=True)
+        with self._changing((namespace, name)):
+            return await self._call(self.core.ingest, name, path, namespace=namespace, fingerprint=fingerprint,
+                                    parent=parent, remove_file=True, force=True)
 
     async def materialize(self, name: str, path: str, *, namespace: str, expect: Mapping[str, str],
                           n_stream: int) -> dict:
@@ -117,7 +145,8 @@ class AsyncStore:
 
     async def remove(self, name: str, *, namespace: str) -> bool:
         await self.settled(namespace, name)
-        return await self._call(self.core.remove, name, namespace=namespace)
+        with self._changing((namespace, name)):
+            return await self._call(self.core.remove, name, namespace=namespace)
 
     def bucket_requests(self) -> Optional[dict]:
         """Requests sent to an S3 store's bucket so far, by kind (None: a local store); sends none, so not queued."""
@@ -132,8 +161,9 @@ class AsyncStore:
 
     async def evict(self, *, max_bytes: Optional[int], low_water: float, quotas: Mapping[str, int],
                     protect: Sequence[tuple[str, str]], dry_run: bool = False) -> dict:
-        return await self._call(self.core.evict, max_bytes=max_bytes, low_water=low_water, quotas=dict(quotas),
-                                protect=list(protect), dry_run=dry_run)
+        with self._changing(None):
+            return await self._call(self.core.evict, max_bytes=max_bytes, low_water=low_water, quotas=dict(quotas),
+                                    protect=list(protect), dry_run=dry_run)
 
     async def set_retention(self, name: str, *, namespace: str, ttl_seconds: Optional[float], pinned: bool,
                             max_bytes: Optional[int] = None) -> None:

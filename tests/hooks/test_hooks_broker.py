@@ -257,6 +257,75 @@ def test_a_waiting_request_has_its_state_materialized_meanwhile(tmp_path, states
     assert list(sync.iterdir()) == []
 
 
+def test_a_bucket_stores_prefetch_is_trusted_unless_this_process_changed_the_name(tmp_path, states, monkeypatch):
+    """On a bucket store the prefetch's read of the name's record (when the request arrived) is the request's read:
+    asking again once a slot frees would cost a returning user one more round trip, so it is asked only when this
+    process saved, removed or evicted since (AsyncStore.changes; None while such a change runs). A save of the
+    name through the proxy while the request waits is still never restored stale. (A local store, whose read is an
+    index lookup, always asks: the test above.) The store here is a local one that says it is a bucket's."""
+    broker, up, core = make(tmp_path, states, names=["alice", "bob"], n_slots=1, saves=None)
+    store = broker.transfer.store
+    monkeypatch.setattr(AsyncStore, "remote", property(lambda self: "s3://bucket/prefix"))
+    asked = []
+    plain_get = store.get
+
+    async def counted_get(name, *, namespace):
+        asked.append(name)
+        return await plain_get(name, namespace=namespace)
+
+    monkeypatch.setattr(store, "get", counted_get)
+    newer = tmp_path / "newer.bin"
+
+    async def go(name: str, resave: bool):
+        busy = broker.table.acquire(key=("", "other"))
+        await busy.__aenter__()
+        waiting = asyncio.ensure_future(hold(broker, Naming("", name)))
+        for _ in range(500):  # until the prefetch wrote its file
+            await asyncio.sleep(0.01)
+            if [p for p in broker.transfer.sync.path.iterdir() if not p.name.endswith(".tmp")]:
+                break
+        if resave:
+            shutil.copy(states["child"], newer)
+            assert store.changes("", name) is not None
+            await store.ingest(name, str(newer), namespace="", fingerprint=FP)  # this process saves it meanwhile
+        await busy.__aexit__(None, None, None)
+        return await waiting
+
+    asked.clear()
+    slot, kind, n = asyncio.run(go("alice", False))
+    assert kind == "restored" and up.restored[-1] == tokens_of(states["parent"])
+    # asked once, by the plan (is the name stored?); never again once the slot freed
+    assert broker.metrics.snapshot()["restores_prefetched"] == 1 and asked == ["alice"], asked
+    asked.clear()
+    slot, kind, n = asyncio.run(go("bob", True))
+    assert kind == "restored" and up.restored[-1] == tokens_of(states["child"]), "restored the stale prefetch"
+    assert broker.metrics.snapshot()["restores_prefetched"] == 1 and asked == ["bob", "bob"], asked  # plan, check
+    assert list(broker.transfer.sync.path.iterdir()) == []
+
+
+def test_a_change_under_way_leaves_no_mark_and_every_change_moves_it(tmp_path, states):
+    """AsyncStore.changes: None while a save of the name runs, a new mark after it; an eviction moves every mark."""
+    core = kvstore.open_store(tmp_path / "store", block_size=B)
+    store = AsyncStore(core)
+    copy = tmp_path / "s.bin"
+
+    async def go():
+        before, other = store.changes("", "n"), store.changes("", "m")
+        shutil.copy(states["parent"], copy)
+        saving = asyncio.ensure_future(store.ingest("n", str(copy), namespace="", fingerprint=FP))
+        await asyncio.sleep(0)
+        during = store.changes("", "n")
+        await saving
+        after = store.changes("", "n")
+        assert store.changes("", "m") == other  # another name's mark did not move
+        await store.evict(max_bytes=None, low_water=1.0, quotas={}, protect=[], dry_run=True)
+        return before, during, after, other, store.changes("", "n"), store.changes("", "m")
+
+    before, during, after, other, evicted, evicted_other = asyncio.run(go())
+    assert during is None and None not in (before, after) and before != after
+    assert evicted not in (after, None) and evicted_other not in (other, None)
+
+
 def test_the_cost_model_learns_llama_servers_own_load_time_not_its_queue_wait(tmp_path, states):
     """A restore answered late because llama-server was decoding another slot (bench/slotwait.py: up to a whole
     prompt's evaluation) is not a slow restore: the cost model takes the load time llama-server reports
