@@ -28,6 +28,7 @@ use bytes::Bytes;
 use rayon::prelude::*;
 
 use super::client::{Bucket, Meta, PARALLEL};
+use super::hints::Hints;
 use super::keys::{id_in_key, index_key, object_key, pack_key, unique_suffix};
 use super::pack::{self, Entry};
 use super::pack_map::{Located, PackInfo, PackMap};
@@ -57,12 +58,8 @@ pub struct BucketObjects {
     orphan_age: Duration,
     /// The gc generation at which `packs` was last listed under a save's lock (`trust_at`).
     trusted_at: Arc<std::sync::Mutex<Option<u64>>>,
-    /// Packs that name records just read say hold their states' objects (`hint`), newest last: a read that
-    /// misses tries these before it lists every pack.
-    hinted: Arc<std::sync::Mutex<std::collections::VecDeque<ObjectId>>>,
-    /// Where name records just read say their objects lay (object id -> pack, entry): a read that misses in
-    /// the pack map reads these ranges first, each once (`hint`).
-    placed: Arc<std::sync::Mutex<HashMap<ObjectId, (ObjectId, Entry)>>>,
+    /// What name records just read say about where their objects lie (`hint`), for a read that misses.
+    hints: Arc<Hints>,
     /// Loose objects (`objects/`, with their lengths) as listed by `trust_at` at `trusted_at`'s generation: a
     /// save's dedup asks this set instead of sending a HEAD for each object its pack map lacks. None: not
     /// listed, or changed here since (a prune, a delete).
@@ -76,11 +73,6 @@ pub struct BucketObjects {
 /// again. A listing of a large bucket is many requests (1,000 keys a page) and a scrape every 15 s must not
 /// send them all each time; another machine's saves show in these totals within this long.
 const TOTALS_FOR: Duration = Duration::from_secs(60);
-
-/// Packs remembered from name records (`BucketObjects::hint`).
-const HINTS_KEPT: usize = 256;
-/// Object places remembered from name records; past this many the older ones are forgotten.
-const PLACES_KEPT: usize = 1 << 16;
 
 /// One ranged GET: a span of a pack, and the wanted objects in it (their slot in the caller's list).
 struct Span {
@@ -97,8 +89,7 @@ impl BucketObjects {
             packs: Arc::new(PackMap::default()),
             orphan_age,
             trusted_at: Arc::default(),
-            hinted: Arc::default(),
-            placed: Arc::default(),
+            hints: Arc::default(),
             loose: Arc::default(),
             totals: Arc::default(),
         }
@@ -173,19 +164,7 @@ impl BucketObjects {
     /// immutable (keyed by their hash), so one is right or its pack is gone (a prune), and what a read fetches
     /// is checked against its id before it is used or kept (`ObjectStore::get_fetched`).
     pub fn hint(&self, packs: &[ObjectId], places: &[(ObjectId, Entry)]) {
-        let mut h = self.hinted.lock().unwrap_or_else(|e| e.into_inner());
-        for p in packs.iter().filter(|p| !self.packs.knows(p)) {
-            h.retain(|q| q != p);
-            h.push_back(*p);
-        }
-        while h.len() > HINTS_KEPT {
-            h.pop_front();
-        }
-        let mut placed = self.placed.lock().unwrap_or_else(|e| e.into_inner());
-        if placed.len() + places.len() > PLACES_KEPT {
-            placed.clear();
-        }
-        placed.extend(places.iter().filter(|(p, _)| !self.packs.knows(p)).map(|&(p, e)| (e.id, (p, e))));
+        self.hints.add(packs, places, |p| self.packs.knows(p));
     }
 
     pub fn listings(&self) -> u64 {
@@ -203,12 +182,8 @@ impl BucketObjects {
         if !left.is_empty() {
             left = self.read_placed(&ids, left, &mut out);
         }
-        if !left.is_empty() {
-            let hinted: Vec<ObjectId> =
-                std::mem::take(&mut *self.hinted.lock().unwrap_or_else(|e| e.into_inner())).into();
-            if self.packs.learn(&self.bucket, &hinted)? > 0 {
-                left = self.read_packed(&ids, &left, &mut out)?;
-            }
+        if !left.is_empty() && self.packs.learn(&self.bucket, &self.hints.take_packs())? > 0 {
+            left = self.read_packed(&ids, &left, &mut out)?;
         }
         if !left.is_empty() {
             self.packs.refresh(&self.bucket)?;
@@ -243,17 +218,7 @@ impl BucketObjects {
     /// not read so. A place that fails in any way (its pack gone, a range past its end) is a miss, never an
     /// error: the reads after it find the object, or say why not.
     fn read_placed(&self, ids: &[ObjectId], which: Vec<usize>, out: &mut [Option<Bytes>]) -> Vec<usize> {
-        let mut left = Vec::new();
-        let mut wanted: Vec<(ObjectId, usize, Entry)> = Vec::new();
-        {
-            let mut placed = self.placed.lock().unwrap_or_else(|e| e.into_inner());
-            for k in which {
-                match placed.remove(&ids[k]) {
-                    Some((pack, entry)) => wanted.push((pack, k, entry)),
-                    None => left.push(k),
-                }
-            }
-        }
+        let (wanted, mut left) = self.hints.take_places(ids, which);
         let tried: Vec<usize> = wanted.iter().map(|(_, k, _)| *k).collect();
         left.extend(self.read_spans(wanted, out).unwrap_or(tried));
         left

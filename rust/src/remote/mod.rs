@@ -12,6 +12,7 @@
 //! | `keys.rs` | object keys and unique suffixes of the bucket layout |
 //! | `pack.rs` | the pack: objects uploaded together, with their index and a trailer |
 //! | `pack_map.rs` | `PackMap`: where each packed object lies, from the packs' indexes |
+//! | `hints.rs` | `Hints`: the packs and object places name records just read named, tried by reads that miss |
 //! | `prune.rs` | the prune's plan: which packs are rewritten with what, which orphans are mended or deleted |
 //! | `bucket_objects.rs` | `BucketObjects`: objects in the bucket, packed, create-if-absent; the prune executed |
 //! | `lru_cache.rs` | `LruCache`: the local directory of cached objects (LRU bound, trust after a gc elsewhere) |
@@ -39,6 +40,7 @@ mod cached_backend;
 mod catalog;
 mod client;
 mod error;
+mod hints;
 mod keys;
 mod locks;
 mod lru_cache;
