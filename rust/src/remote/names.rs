@@ -1,14 +1,14 @@
 //! Name records in the bucket: `<prefix>/names/h<hex(namespace)>/h<hex(name)>`, JSON
 //! `{"manifest": hex, "created": unix s, "displaced": [hex, ..], "retention": {"ttl_s", "pinned"},
-//! "manifest_json": "...", "packs": [hex, ..], "placed": [[pack, hex, offset, length], ..]}` (hex keeps any name a safe key; `retention` absent = none, and
-//! every later save carries it over). `manifest_json` is the manifest itself when it is at most
-//! `INLINE_MANIFEST_MAX` bytes: a machine restoring the name for the first time then reads it with the record
-//! instead of by one more request (a ranged GET inside its pack, 9-15 ms of a 50 ms cold restore on a local
-//! SeaweedFS). It is used only when it hashes to `manifest` (manifests are unkeyed); a record without it (older,
-//! or a larger manifest) is read as before. `packs` names the packs that held the state's objects when it was committed (at most
-//! `MAX_PACKS_CARRIED`): a machine whose pack map lacks them reads their indexes instead of listing every pack
-//! of the bucket (`BucketObjects::hint`); a hint is only a hint (a prune may have moved the objects since, and
-//! then the listing finds them). `placed` says where in those packs (`pack` indexes `packs`) each of the
+//! "manifest_json": "...", "packs": [hex, ..], "placed": [[pack, hex, offset, length], ..]}` (hex keeps any
+//! name a safe key; `retention` absent = none, and every later save carries it over). `manifest_json` is the
+//! manifest itself when it is at most `INLINE_MANIFEST_MAX` bytes: a machine restoring the name for the first
+//! time then reads it with the record instead of by one more request (a ranged GET inside its pack, 9-15 ms of
+//! a 50 ms cold restore on a local SeaweedFS). It is used only when it hashes to `manifest` (manifests are
+//! unkeyed); a record without it (older, or a larger manifest) is read as before. `packs` names the packs that
+//! held the state's objects when it was committed (at most `MAX_PACKS_CARRIED`): a machine whose pack map lacks
+//! them reads their indexes instead of listing every pack of the bucket (`BucketObjects::hint`); a hint is only
+//! a hint (a prune may have moved the objects since, and then the listing finds them). `placed` says where in those packs (`pack` indexes `packs`) each of the
 //! state's objects lay (at most `MAX_PLACES_CARRIED`): a machine restoring the name for the first time reads
 //! those ranges straight away, without the packs' indexes, so a cold restore is the record and the ranges. A
 //! pack is immutable (keyed by its hash), so a place is right until a prune deletes its pack; a wrong one

@@ -3,7 +3,8 @@
 //! CONTRACT: `sync(namespace)` lists the bucket's names (of one namespace, or all), reads the records whose
 //! ETag differs from the index row's (16 in flight), fetches the manifests the index lacks and the records do
 //! not carry (`names::INLINE_MANIFEST_MAX`; through the cache), and in one write transaction puts name rows
-//! (keeping `last_used` when the manifest is unchanged), manifest rows and prefix keys (recomputed per namespace), and drops rows of names gone from the bucket.
+//! (keeping `last_used` when the manifest is unchanged), manifest rows and prefix keys (recomputed per
+//! namespace), and drops rows of names gone from the bucket.
 //! The index is only a cache of the bucket: `reindex` clears names, manifests, prefixes and object rows,
 //! then syncs everything. Object rows (sizes) come only from this machine's saves. `read_name` mirrors the one
 //! record a read by name just fetched (so a save after a restore here knows what it replaces). Prefix rows

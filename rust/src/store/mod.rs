@@ -171,11 +171,11 @@ impl Store {
     }
 
     /// `sync` where names live elsewhere; an unreachable place leaves the index as it is (reads serve what
-    /// this machine knows). Nothing for a store whose index is its catalog.
-    pub(crate) fn sync_quietly(&self, namespace: Option<&str>) -> Result<()> {
+    /// this machine knows). Nothing for a store whose index is its catalog. False: the place was unreachable.
+    pub(crate) fn sync_quietly(&self, namespace: Option<&str>) -> Result<bool> {
         match self.catalog.sync(namespace) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::RemoteUnavailable => Ok(()),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::RemoteUnavailable => Ok(false),
             Err(e) => Err(e),
         }
     }

@@ -3,18 +3,18 @@
 //! CONTRACT: syncs the names first (quietly: an unreachable place leaves the index as it is); sizes are the
 //! index's object rows (this machine's saves); a layered backend adds what its primary copy and its cache
 //! hold (`Backend::usage`; the primary's counts are None when it could not be listed, or when the names'
-//! sync found it unreachable). `namespace_stats(ns)`
-//! is the same figures for one namespace: its names, the manifests they reference (displaced ones too) and
-//! the distinct objects those need, nothing store-wide (bucket and cache sizes None). With scoped object ids
-//! (`crate::scope`) no object of a namespace `!= ""` is shared with another, so its `stored_bytes` are bytes
-//! that namespace alone holds, and they never depend on what another tenant stored.
+//! sync found it unreachable). `namespace_stats(ns)` is the same figures for one namespace: its names, the
+//! manifests they reference (displaced ones too) and the distinct objects those need, nothing store-wide
+//! (bucket and cache sizes None). With scoped object ids (`crate::scope`) no object of a namespace `!= ""` is
+//! shared with another, so its `stored_bytes` are bytes that namespace alone holds, and they never depend on
+//! what another tenant stored.
 
 use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::Store;
-use crate::error::{ErrorKind, Result};
+use crate::error::Result;
 use crate::id::ObjectId;
 use crate::index::{validate_name, HeedExt};
 
@@ -119,13 +119,9 @@ impl Store {
         struct Sizes {
             file_bytes: u64,
         }
-        // Quietly: an unreachable bucket leaves the index as it is, and its totals (which it keeps for a while,
-        // `BucketObjects::stored`) are then not shown, so that stats say the bucket could not be read.
-        let reached = match self.catalog.sync(None) {
-            Ok(_) => true,
-            Err(e) if e.kind() == ErrorKind::RemoteUnavailable => false,
-            Err(e) => return Err(e),
-        };
+        // An unreachable bucket's totals (which it keeps for a while, `BucketObjects::stored`) are not shown, so
+        // that stats say the bucket could not be read.
+        let reached = self.sync_quietly(None)?;
         let ix = &*self.index;
         let r = ix.read_txn()?;
         let mut logical = 0u64;
