@@ -11,7 +11,7 @@ use object_store::memory::InMemory;
 
 use super::bucket_objects::located;
 use super::names;
-use super::tests::{load, machine, quick, Machine};
+use super::tests::{load, machine, machine_over, quick, Machine};
 use crate::id::ObjectId;
 use crate::manifest::Manifest;
 use crate::objects::{codec, Backend};
@@ -32,6 +32,17 @@ fn objects_of(m: &Machine, name: &str) -> Vec<ObjectId> {
     ids.sort_by_key(|id| id.0);
     ids.dedup();
     ids
+}
+
+/// A new in-memory bucket with both real files saved by machine A, each under its file name.
+fn both_saved_by_a(tag: &str) -> (Arc<InMemory>, TempDir, Machine) {
+    let mem = Arc::new(InMemory::new());
+    let da = TempDir::new(tag);
+    let a = machine(&mem, &da, None, quick());
+    for file in FILES {
+        a.ingest(file, "", &state_file(file), &fp(&[]), None, false).unwrap();
+    }
+    (mem, da, a)
 }
 
 /// Temp files left in a cache's object directory (a staged copy not renamed nor removed).
@@ -178,12 +189,7 @@ fn a_cold_restore_reads_the_manifest_from_the_name_record() {
 #[ignore = "needs real slot files: ./dev test"]
 fn a_carried_manifest_that_is_not_the_records_own_is_ignored() {
     let (own, other) = (FILES[0], FILES[1]);
-    let mem = Arc::new(InMemory::new());
-    let da = TempDir::new("ta");
-    let a = machine(&mem, &da, None, quick());
-    for file in FILES {
-        a.ingest(file, "", &state_file(file), &fp(&[]), None, false).unwrap();
-    }
+    let (mem, _da, a) = both_saved_by_a("ta");
     let (other_rec, _) = names::read(&a.cat.bucket, "", other).unwrap().unwrap();
     let key = names::name_key("", own);
     let (mut rec, _) = names::read(&a.cat.bucket, "", own).unwrap().unwrap();
@@ -258,11 +264,8 @@ fn requests_during<T>(m: &Machine, f: impl FnOnce() -> T) -> (T, std::collection
 #[test]
 #[ignore = "needs real slot files: ./dev test"]
 fn a_cold_restore_reads_the_record_and_the_ranges_alone() {
-    let mem = Arc::new(InMemory::new());
-    let da = TempDir::new("ra");
-    let a = machine(&mem, &da, None, quick());
+    let (mem, _da, a) = both_saved_by_a("ra");
     for file in FILES {
-        a.ingest(file, "", &state_file(file), &fp(&[]), None, false).unwrap();
         let (rec, _) = names::read(&a.cat.bucket, "", file).unwrap().unwrap();
         let ids = objects_of(&a, file);
         assert_eq!(rec.places().len(), ids.len() + 1, "{file}: the record places its objects and its manifest");
@@ -283,12 +286,7 @@ fn a_cold_restore_reads_the_record_and_the_ranges_alone() {
 #[test]
 #[ignore = "needs real slot files: ./dev test"]
 fn wrong_places_in_a_record_cost_a_read_again_and_nothing_else() {
-    let mem = Arc::new(InMemory::new());
-    let da = TempDir::new("wpa");
-    let a = machine(&mem, &da, None, quick());
-    for file in FILES {
-        a.ingest(file, "", &state_file(file), &fp(&[]), None, false).unwrap();
-    }
+    let (mem, _da, a) = both_saved_by_a("wpa");
     for (file, past_end) in [(FILES[0], false), (FILES[1], false), (FILES[1], true)] {
         let key = names::name_key("", file);
         let (good, _) = names::read(&a.cat.bucket, "", file).unwrap().unwrap();
@@ -397,19 +395,12 @@ impl object_store::ObjectStore for Garbling {
 #[test]
 #[ignore = "needs real slot files: ./dev test"]
 fn a_bad_transfer_is_read_again_and_quarantines_nothing() {
-    let mem = Arc::new(InMemory::new());
-    let da = TempDir::new("ga");
-    let a = machine(&mem, &da, None, quick());
-    for file in FILES {
-        a.ingest(file, "", &state_file(file), &fp(&[]), None, false).unwrap();
-    }
-    let url = super::url::parse("s3://test-bucket/team").unwrap();
+    let (mem, _da, a) = both_saved_by_a("ga");
     for file in FILES {
         for each_object in [false, true] {
             let garbling = Arc::new(Garbling { inner: mem.clone(), garble: 1.into() });
             let db = TempDir::new("gb");
-            let p = super::open_with(super::Bucket::new(garbling.clone(), &url).unwrap(), &db.0, None, 16, 1 << 26, quick()).unwrap();
-            let b = Machine { store: crate::store::Store::from_parts(p.root, p.index, p.objects, p.catalog.clone(), 1).unwrap(), cat: p.catalog };
+            let b = machine_over(garbling.clone(), &db, None, quick());
             if each_object {
                 assert_eq!(load(&b, file).manifest, load(&a, file).manifest, "{file}");
             } else {

@@ -16,8 +16,8 @@ use crate::objects::Backend;
 use crate::store::{Store, Target};
 use crate::testutil::{fp, put_synthetic, TempDir};
 
-pub(super) fn bucket(mem: &Arc<InMemory>) -> Bucket {
-    Bucket::new(mem.clone(), &url::parse("s3://test-bucket/team").unwrap()).unwrap()
+pub(super) fn bucket(store: Arc<dyn object_store::ObjectStore>) -> Bucket {
+    Bucket::new(store, &url::parse("s3://test-bucket/team").unwrap()).unwrap()
 }
 
 pub(super) fn quick() -> RemoteOptions {
@@ -38,7 +38,12 @@ impl std::ops::Deref for Machine {
 }
 
 pub(super) fn machine(mem: &Arc<InMemory>, d: &TempDir, limit: Option<u64>, opts: RemoteOptions) -> Machine {
-    let p = open_with(bucket(mem), &d.0, limit, 16, 1 << 26, opts).unwrap();
+    machine_over(mem.clone(), d, limit, opts)
+}
+
+/// A machine over any object store (a test double that wraps the in-memory one).
+pub(super) fn machine_over(store: Arc<dyn object_store::ObjectStore>, d: &TempDir, limit: Option<u64>, opts: RemoteOptions) -> Machine {
+    let p = open_with(bucket(store), &d.0, limit, 16, 1 << 26, opts).unwrap();
     let cat = p.catalog.clone();
     Machine { store: Store::from_parts(p.root, p.index, p.objects, p.catalog, 1).unwrap(), cat }
 }
