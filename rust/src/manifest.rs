@@ -80,6 +80,11 @@ pub struct Manifest {
     /// unkeyed manifest's bytes (and id) are those it always had.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// Hex xxh3-128 of the original slot file: the check of a restore from this machine's own files
+    /// (`store/file_check.rs`). Absent in manifests written before it (their restores check `file_hash`);
+    /// readers that predate it ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_xxh3: Option<String>,
 }
 
 impl Manifest {
@@ -178,12 +183,12 @@ pub fn check_expect(state: &str, m: &Manifest, expect: &Fingerprint) -> Result<(
     Ok(())
 }
 
+/// A manifest of made-up ids, for tests of what reads one.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests_support {
     use super::*;
-    use crate::testutil::fp;
 
-    fn manifest(n_tokens: u64, f: Fingerprint) -> Manifest {
+    pub fn manifest(n_tokens: u64, f: Fingerprint) -> Manifest {
         Manifest {
             version: 1,
             fingerprint_id: fingerprint_id_hex(&f),
@@ -200,8 +205,16 @@ mod tests {
             created: 1,
             n_stream: 1,
             scope: None,
+            file_xxh3: None,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::manifest;
+    use super::*;
+    use crate::testutil::fp;
 
     #[test]
     fn fingerprint_id_ignores_n_ctx_slot_and_order() {

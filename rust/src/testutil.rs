@@ -31,7 +31,7 @@ pub fn fp(kv: &[(&str, &str)]) -> Fingerprint {
 
 /// A synthetic decomposed state: block k is a function of tokens [kB, (k+1)B) (so children share their
 /// parent's blocks below the fork), skeleton = token list.
-pub fn synthetic(tokens: &[i32], b: usize) -> (Decomposed, u64, [u8; 32]) {
+pub fn synthetic(tokens: &[i32], b: usize) -> (Decomposed, u64, crate::store::FileSums) {
     let blocks: Vec<Block> = tokens
         .chunks(b)
         .map(|c| Block { bytes: c.iter().flat_map(|t| [(t & 0xff) as u8, 0x3c].repeat(16)).collect(), elem_size: 2 })
@@ -44,7 +44,7 @@ pub fn synthetic(tokens: &[i32], b: usize) -> (Decomposed, u64, [u8; 32]) {
     let d =
         Decomposed { skeleton, blocks, tokens: tokens.to_vec(), layout: "kv[test]".into(), n_stream: 1, n_checkpoints: 0,
                      shape: crate::format::Shape { kv_layers: vec![Some(1)], recurrent: false } };
-    (d, file.len() as u64, *blake3::hash(&file).as_bytes())
+    (d, file.len() as u64, crate::store::FileSums::of(&file))
 }
 
 pub fn put_synthetic(s: &Store, name: &str, ns: &str, tokens: &[i32], f: &Fingerprint) -> IngestReport {

@@ -440,7 +440,7 @@ mod tests {
         let len = (skeleton.len() + blocks.iter().map(|b| b.bytes.len()).sum::<usize>()) as u64;
         let d = Decomposed { skeleton, blocks, tokens: tokens.to_vec(), layout: "kv[test]".into(), n_stream: 1, n_checkpoints: 0,
                          shape: crate::format::Shape { kv_layers: vec![Some(1)], recurrent: false } };
-        let h = *blake3::hash(name.as_bytes()).as_bytes();
+        let h = crate::store::FileSums::of(name.as_bytes()); // distinct per name; these states are never restored
         s.ingest_decomposed(name, ns, len, h, d, f, None, false, std::time::Instant::now()).unwrap()
     }
 

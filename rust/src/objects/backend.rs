@@ -185,6 +185,12 @@ pub trait Backend: Send + Sync {
     fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError>;
     /// Move a corrupt object aside (kept for inspection), so that the next put of the same content rewrites it.
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError>;
+    /// How many `get_into` calls this backend answered from afar (a bucket store: from the bucket, not its
+    /// cache) since it was opened. A read during which this did not move, and that fetched nothing, read only
+    /// files this machine holds (a restore then checks its file by the cheaper sum: `store/file_check.rs`).
+    fn reads_from_afar(&self) -> u64 {
+        0
+    }
     /// Fetch those of `ids` that must come from afar (a bucket store: what its cache lacks, in parallel), encoded,
     /// neither verified nor kept: the reader verifies them (`ObjectStore::get_fetched`, or a rebuilt file's
     /// hash) and then hands them to `keep`. A backend that holds its objects where it reads them fetches nothing.

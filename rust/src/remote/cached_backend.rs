@@ -8,7 +8,7 @@
 
 use std::cell::Cell;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -26,6 +26,8 @@ thread_local! {
 pub struct CachedBackend {
     pub cache: Arc<LruCache>,
     pub bucket: BucketObjects,
+    /// `get_into` calls answered by the bucket (`Backend::reads_from_afar`).
+    pub from_bucket: AtomicU64,
 }
 
 impl Backend for CachedBackend {
@@ -61,6 +63,7 @@ impl Backend for CachedBackend {
             let _ = self.cache.dir.touch(id); // least recently used = oldest mtime
             return Ok(true);
         }
+        self.from_bucket.fetch_add(1, Ordering::AcqRel);
         match self.bucket.get(id)? {
             Some(bytes) => {
                 *buf = bytes;
@@ -69,6 +72,10 @@ impl Backend for CachedBackend {
             }
             None => Ok(false),
         }
+    }
+
+    fn reads_from_afar(&self) -> u64 {
+        self.from_bucket.load(Ordering::Acquire)
     }
 
     fn verified(&self, id: &ObjectId, encoded: &[u8]) {

@@ -69,6 +69,8 @@ fn a_cold_restore_keeps_what_matched_and_the_next_reads_the_cache_alone() {
     }
     for file in FILES {
         let out = db.0.join("cold.bin");
+        let r = b.materialize(&target(file), &out, None, None, false).unwrap();
+        assert_eq!(r.verified_by, "file blake3", "{file}: what a bucket sent is checked by blake3");
         assert!(restore(&b, file, &out).unwrap() == state_file(file), "{file}: cold restore is not byte-exact");
         for id in objects_of(&a, file) {
             assert!(b.cat.cache.holds(&id), "{file}: {id} was restored but not kept");
@@ -82,7 +84,9 @@ fn a_cold_restore_keeps_what_matched_and_the_next_reads_the_cache_alone() {
     }
     for file in FILES {
         let out = db.0.join("warm.bin");
-        assert!(restore(&b, file, &out).unwrap() == state_file(file), "{file}: warm restore is not byte-exact");
+        let r = b.materialize(&target(file), &out, None, None, false).unwrap();
+        assert_eq!(r.verified_by, "file xxh3", "{file}: the cache's own files are checked by xxh3");
+        assert!(std::fs::read(&out).unwrap() == state_file(file), "{file}: warm restore is not byte-exact");
     }
 }
 
@@ -126,6 +130,41 @@ fn a_bad_object_in_the_bucket_is_never_kept_and_a_save_repairs_it() {
     assert!(located(&c.cat.objects, &bad).is_some(), "the bad block did not go up again");
     assert!(restore(&b, "p", &out).unwrap() == bytes, "not repaired");
     assert!(b.cat.cache.holds(&bad));
+}
+
+/// A cached copy that rotted on this machine's disk (warm restores check the file by xxh3, not blake3): the
+/// restore fails naming it and writes nothing, the cache forgets that copy, the bucket keeps its good one,
+/// and the next restore reads it from there, byte-exact. Full attention and sliding window.
+#[test]
+#[ignore = "needs real slot files: ./dev test"]
+fn a_rotten_cache_copy_is_found_by_the_warm_restore_and_read_again_from_the_bucket() {
+    let (mem, _da, a) = both_saved_by_a("rot");
+    let db = TempDir::new("rotb");
+    let b = machine(&mem, &db, None, quick());
+    for file in FILES {
+        let out = db.0.join("p.bin");
+        assert!(restore(&b, file, &out).unwrap() == state_file(file));
+        std::fs::remove_file(&out).unwrap();
+        let ids = objects_of(&a, file);
+        let bad = *ids.iter().max_by_key(|id| std::fs::metadata(b.cat.cache.dir.path_of(id)).unwrap().len()).unwrap();
+        let path = b.cat.cache.dir.path_of(&bad);
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert!(codec::is_raw_file(&bytes[..codec::HEADER_LEN].try_into().unwrap(), bytes.len() as u64), "{file}");
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x01;
+        std::fs::set_permissions(&path, std::fs::Permissions::from(std::os::unix::fs::PermissionsExt::from_mode(0o644))).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+
+        let e = b.materialize(&target(file), &out, None, None, false).unwrap_err().to_string();
+        assert!(e.contains(&bad.to_string()) && e.contains("hash mismatch"), "{file}: {e}");
+        assert!(!out.exists(), "{file}: a failed restore wrote its file");
+        assert!(!b.cat.cache.holds(&bad), "{file}: the rotten copy is still cached");
+        assert_eq!(a.cat.bucket.list("quarantine").unwrap().len(), 0, "{file}: the bucket's good copy was moved aside");
+        let r = b.materialize(&target(file), &out, None, None, false).unwrap();
+        assert_eq!(r.verified_by, "file blake3", "{file}: the block came from the bucket again");
+        assert!(std::fs::read(&out).unwrap() == state_file(file), "{file}: not byte-exact after the rot");
+        std::fs::remove_file(&out).unwrap();
+    }
 }
 
 /// Several restores of one cold state at once (requests in flight on one machine): each is byte-exact, each

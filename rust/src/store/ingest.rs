@@ -16,6 +16,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::file_check::FileSums;
 use super::Store;
 use crate::catalog::Committed;
 use crate::error::Result;
@@ -71,18 +72,18 @@ impl Store {
         let t0 = Instant::now();
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
-        let (d, file_hash) = rayon::join(|| format::decompose(file, self.block_size), || blake3::hash(file));
-        self.ingest_decomposed(name, namespace, file.len() as u64, *file_hash.as_bytes(), d?, fingerprint, parent, force, t0)
+        let (d, sums) = rayon::join(|| format::decompose(file, self.block_size), || FileSums::of(file));
+        self.ingest_decomposed(name, namespace, file.len() as u64, sums, d?, fingerprint, parent, force, t0)
     }
 
-    /// Ingest an already decomposed file (`file_bytes`/`file_hash` describe the original).
+    /// Ingest an already decomposed file (`file_bytes`/`sums` describe the original).
     #[allow(clippy::too_many_arguments)]
     pub fn ingest_decomposed(
         &self,
         name: &str,
         namespace: &str,
         file_bytes: u64,
-        file_hash: [u8; 32],
+        sums: FileSums,
         d: Decomposed,
         fingerprint: &Fingerprint,
         parent: Option<&str>,
@@ -137,7 +138,7 @@ impl Store {
             n_tokens: d.tokens.len() as u64,
             tokens: d.tokens.clone(),
             file_bytes,
-            file_hash: hex(&file_hash),
+            file_hash: sums.blake3_hex(),
             skeleton: skeleton_id,
             blocks: ids.clone(),
             block_size: self.block_size,
@@ -145,6 +146,7 @@ impl Store {
             created: now_secs(),
             n_stream: d.n_stream,
             scope: scope.namespace().map(str::to_string),
+            file_xxh3: Some(sums.xxh3_hex()),
         };
         let json = manifest.to_json();
         let mid = ObjectId::of(&json);

@@ -5,7 +5,8 @@
 //! a copy's do; what a bucket store fetched is used where it lies in the responses).
 //!
 //! CONTRACT: `expect` (the server's fingerprint) is checked before any object is read; a rebuild with the
-//! saved stream count is byte-exact and checked against the manifest's file hash, a mismatch (or parts that
+//! saved stream count is byte-exact and checked against the manifest's file sums (`file_check.rs`: xxh3 when
+//! every part came from this machine's files, blake3 when any came from a bucket), a mismatch (or parts that
 //! do not even recompose, which only the file hash would have vouched for) writes nothing.
 //! That check is what verifies the objects on this path (each is decoded, not hashed again:
 //! `ObjectStore::get_for_file_hash`); on a mismatch every object is read again hashed, so the bad one is found,
@@ -19,10 +20,11 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::file_check::{self, FileSum};
 use super::{label, Store, Target};
 use crate::error::Result;
 use crate::format::{self, EmitOptions};
-use crate::id::{hex, ObjectId};
+use crate::id::ObjectId;
 use crate::manifest::{check_expect, Fingerprint, Manifest};
 use crate::objects::atomic::{atomic_write_pieces, FILE_TEMP};
 use crate::objects::{Fetched, ObjectError, Part, Staged};
@@ -35,6 +37,10 @@ pub struct MaterializeReport {
     pub objects_read: usize,
     pub read_raw_bytes: u64,
     pub read_stored_bytes: u64,
+    /// What vouched for the bytes: "file xxh3" (every part from this machine's files), "file blake3" (some
+    /// from a bucket, or a manifest older than the xxh3 sum), "objects" (each object hashed: a rebuild for
+    /// another stream count, or the second read after a mismatch).
+    pub verified_by: &'static str,
     pub elapsed_s: f64,
 }
 
@@ -54,6 +60,9 @@ pub struct Loaded {
     /// Each object was hashed as it was read (`Check::EachObject`); else only the rebuilt file's hash will
     /// vouch for them.
     hashed_each: bool,
+    /// Every part was read from a file this machine holds, none from a bucket (`file_check.rs`: which sum
+    /// checks the rebuilt file).
+    local: bool,
 }
 
 impl Store {
@@ -86,6 +95,7 @@ impl Store {
         want.retain(|id| seen.insert(*id));
         // A bucket store fetches what its cache lacks in parallel (a local store: nothing); they are kept once
         // verified (`ObjectStore::keep_fetched`).
+        let afar = self.objects.backend().reads_from_afar();
         let fetched = self.objects.backend().fetch(&want)?;
         let scope = manifest.object_scope();
         let take = |len: usize| if kept { self.buffers.take(len) } else { Vec::new() };
@@ -105,6 +115,7 @@ impl Store {
                 }
             })
             .collect::<std::result::Result<_, ObjectError>>()?;
+        let local = fetched.is_empty() && self.objects.backend().reads_from_afar() == afar;
         let objects_read = got.len();
         let mut read_raw_bytes = 0;
         let mut read_stored_bytes = 0;
@@ -139,6 +150,7 @@ impl Store {
                 }
             },
             hashed_each: matches!(check, Check::EachObject),
+            local,
         })
     }
 
@@ -205,6 +217,10 @@ impl Store {
             objects_read: loaded.objects_read,
             read_raw_bytes: loaded.read_raw_bytes,
             read_stored_bytes: loaded.read_stored_bytes,
+            verified_by: match loaded.hashed_each {
+                true => "objects",
+                false => FileSum::for_read(&loaded.manifest, loaded.local).name(),
+            },
             elapsed_s: t0.elapsed().as_secs_f64(),
         };
         self.give_back(loaded);
@@ -293,43 +309,12 @@ enum Check {
     FileHash,
 }
 
-/// A byte-exact rebuild (its pieces, in order) must match the manifest's length and file hash.
+/// A byte-exact rebuild (its pieces, in order) must be the file its manifest was saved from (`file_check.rs`).
 fn check_file_hash(target: &Target, loaded: &Loaded, pieces: &[&[u8]]) -> Result<()> {
-    let m = &loaded.manifest;
-    let len: u64 = pieces.iter().map(|p| p.len() as u64).sum();
-    if len == m.file_bytes && hex(hash_pieces(pieces).as_bytes()) == m.file_hash {
-        return Ok(());
+    match file_check::matches(&loaded.manifest, pieces, loaded.local) {
+        true => Ok(()),
+        false => Err(mismatch(target, loaded)),
     }
-    Err(mismatch(target, loaded))
-}
-
-/// Bytes staged per hasher update (1 MiB: measured best of 64 KiB to 4 MiB).
-const HASH_STAGE: usize = 1 << 20;
-
-/// blake3 of pieces concatenated. Why staged: blake3 hashes many 1 KiB chunks at once (SIMD) only over input
-/// that starts at a large power-of-two offset; pieces start anywhere (heads of a few bytes lie between rows),
-/// and hashing them one by one took 2.6x as long as the whole file at once (70 MB state: 42 vs 16 ms).
-/// Copying them through a 1 MiB stage costs ~4 ms of that back (21 ms).
-fn hash_pieces(pieces: &[&[u8]]) -> blake3::Hash {
-    if let [whole] = pieces {
-        return blake3::hash(whole); // a rebuilt file in one buffer: aligned already, nothing to stage
-    }
-    let mut hasher = blake3::Hasher::new();
-    let mut stage = Vec::with_capacity(HASH_STAGE);
-    for piece in pieces {
-        let mut rest: &[u8] = piece;
-        while !rest.is_empty() {
-            let take = rest.len().min(HASH_STAGE - stage.len());
-            stage.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
-            if stage.len() == HASH_STAGE {
-                hasher.update(&stage);
-                stage.clear();
-            }
-        }
-    }
-    hasher.update(&stage);
-    hasher.finalize()
 }
 
 fn mismatch(target: &Target, loaded: &Loaded) -> crate::error::Error {
@@ -389,6 +374,7 @@ mod tests {
             let r = s.materialize(&Target::Name { namespace: "", name }, &out, None, None, false).unwrap();
             assert!(std::fs::read(&out).unwrap() == *want, "restore {i} of {name} is not byte-exact");
             assert_eq!(r.file_bytes, want.len() as u64);
+            assert_eq!(r.verified_by, "file xxh3", "a local store's files are checked by xxh3");
             assert!(s.buffers.kept_bytes() > 0, "the decoded parts' buffers (skeleton, compressed blocks) are kept");
         }
         // Raw blocks are not copied at all: a restore maps their files.
@@ -400,6 +386,7 @@ mod tests {
         let r = s.materialize(&Target::Name { namespace: "", name: "small" }, &out, None, Some(3), false).unwrap();
         let three_streams = std::fs::read(&out).unwrap();
         assert_eq!(r.file_bytes, three_streams.len() as u64);
+        assert_eq!(r.verified_by, "objects", "another stream count has no file sum: each object is hashed");
         assert!(three_streams != files[1].1);
         let again = d.0.join("small-again.bin");
         s.materialize(&Target::Name { namespace: "", name: "small" }, &again, None, None, false).unwrap();

@@ -39,11 +39,13 @@ mod cut;
 mod stats;
 mod buffers;
 mod verify;
+mod file_check;
 #[cfg(test)]
 mod scope_tests;
 
 pub use states::StateInfo;
 pub use ingest::IngestReport;
+pub use file_check::FileSums;
 pub use lookup::LookupHit;
 pub use materialize::{Loaded, MaterializeReport};
 pub use cut::{PrefixOptions, PrefixReport};
