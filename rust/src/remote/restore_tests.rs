@@ -152,7 +152,7 @@ fn a_rotten_cache_copy_is_found_by_the_warm_restore_and_read_again_from_the_buck
         assert!(codec::is_raw_file(&bytes[..codec::HEADER_LEN].try_into().unwrap(), bytes.len() as u64), "{file}");
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0x01;
-        std::fs::set_permissions(&path, std::fs::Permissions::from(std::os::unix::fs::PermissionsExt::from_mode(0o644))).unwrap();
+        std::fs::set_permissions(&path, <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o644)).unwrap();
         std::fs::write(&path, &bytes).unwrap();
 
         let e = b.materialize(&target(file), &out, None, None, false).unwrap_err().to_string();
