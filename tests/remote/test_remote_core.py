@@ -260,6 +260,9 @@ def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_f
         for (name, out), rep in zip(jobs, reports):
             assert _core.hash_file(str(out)) == _core.hash_file(str(files[name])), name
             assert rep["read_stored_bytes"] > 0
+        # What a bucket sent is checked by blake3 (a restore that came second may have found it all cached).
+        for name in files:
+            assert "file blake3" in [rep["verified_by"] for (n, _), rep in zip(jobs, reports) if n == name], name
     finally:
         w.stop()
     cached = [p for p in (tmp_path / "b").rglob("*") if p.is_file() and p.parent.name != "index"]
@@ -268,8 +271,9 @@ def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_f
     assert st["cache_bytes"] > sum(f.stat().st_size for f in files.values()) // 4, st
     for name, f in files.items():
         out = tmp_path / f"{name}.warm.bin"
-        b.materialize(name, str(out))
+        rep = b.materialize(name, str(out))
         assert _core.hash_file(str(out)) == _core.hash_file(str(f)), name
+        assert rep["verified_by"] == "file xxh3", (name, rep)  # the cache's own files
 
 
 def test_a_restore_asks_the_bucket_for_the_record_and_the_ranges_only(aws, state_files, tmp_path):
