@@ -101,15 +101,46 @@ pub fn atomic_write_pieces<E: From<ObjectError> + Send>(
     durable: bool,
     check: impl FnOnce() -> Result<(), E> + Send,
 ) -> Result<(), E> {
-    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let (written, checked) = rayon::join(|| write_temp_pieces(dir, temp, pieces, durable), check);
+    Ok(write_unpublished(target, temp, pieces, durable, check)?.publish()?)
+}
+
+/// A file written and checked beside its target, not yet renamed into place: `publish` does that; dropped, it
+/// is removed.
+pub struct Unpublished {
+    tmp: TempPath,
+    target: PathBuf,
+    durable: bool,
+}
+
+impl Unpublished {
+    pub fn publish(self) -> Result<(), ObjectError> {
+        self.tmp.persist(&self.target).map_err(|e| ObjectError::io(&self.target, e.error))?;
+        if self.durable {
+            let dir = parent_dir(&self.target);
+            fsync_dir(dir).map_err(|e| ObjectError::io(dir, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The first half of [`atomic_write_pieces`]: the temp file written (fsynced if `durable`) with `check`
+/// beside the write; a failed check removes it. For a caller with one more condition to wait for before the
+/// file may appear (`store/materialize.rs`: that the name still points at the state written).
+pub fn write_unpublished<E: From<ObjectError> + Send>(
+    target: &Path,
+    temp: TempName,
+    pieces: &[&[u8]],
+    durable: bool,
+    check: impl FnOnce() -> Result<(), E> + Send,
+) -> Result<Unpublished, E> {
+    let (written, checked) = rayon::join(|| write_temp_pieces(parent_dir(target), temp, pieces, durable), check);
     let tmp = written?;
     checked?; // a failed check drops `tmp`, which removes it
-    tmp.persist(target).map_err(|e| ObjectError::io(target, e.error))?;
-    if durable {
-        fsync_dir(dir).map_err(|e| ObjectError::io(dir, e))?;
-    }
-    Ok(())
+    Ok(Unpublished { tmp, target: target.to_path_buf(), durable })
+}
+
+fn parent_dir(target: &Path) -> &Path {
+    target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 /// Write many files atomically each, all durable when this returns Ok (their directories must exist).

@@ -185,6 +185,11 @@ pub trait Backend: Send + Sync {
     fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError>;
     /// Move a corrupt object aside (kept for inspection), so that the next put of the same content rewrites it.
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError>;
+    /// Whether every one of `ids` lies in a file this machine holds, so that reading them asks nothing of
+    /// afar (a bucket store: its cache holds them). A backend that holds all its objects here: true.
+    fn holds_here(&self, _ids: &[ObjectId]) -> bool {
+        true
+    }
     /// How many `get_into` calls this backend answered from afar (a bucket store: from the bucket, not its
     /// cache) since it was opened. A read during which this did not move, and that fetched nothing, read only
     /// files this machine holds (a restore then checks its file by the cheaper sum: `store/file_check.rs`).

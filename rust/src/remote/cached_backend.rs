@@ -74,6 +74,10 @@ impl Backend for CachedBackend {
         }
     }
 
+    fn holds_here(&self, ids: &[ObjectId]) -> bool {
+        ids.iter().all(|id| self.cache.holds(id))
+    }
+
     fn reads_from_afar(&self) -> u64 {
         self.from_bucket.load(Ordering::Acquire)
     }

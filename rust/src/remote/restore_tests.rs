@@ -297,6 +297,40 @@ fn requests_during<T>(m: &Machine, f: impl FnOnce() -> T) -> (T, std::collection
     (out, sent)
 }
 
+/// A warm restore writes the state this machine holds while it reads the name's record, and puts the file in
+/// place only if the record names that state: unchanged, one request (the record); saved again elsewhere
+/// meanwhile, the newer state, byte-exact, never the older; removed elsewhere, NameNotFound and no file.
+/// Full attention (a parent, then a child of it under the same name) and sliding window.
+#[test]
+#[ignore = "needs real slot files: ./dev test"]
+fn a_warm_restore_is_put_in_place_only_if_the_record_still_names_it() {
+    let mem = Arc::new(InMemory::new());
+    let (da, db) = (TempDir::new("oa"), TempDir::new("ob"));
+    let (a, b) = (machine(&mem, &da, None, quick()), machine(&mem, &db, None, quick()));
+    for (first, second) in [("smollm2_parent.bin", "smollm2_child.bin"), ("gemma3_parent.bin", "gemma3_child.bin")] {
+        let out = db.0.join("n.bin");
+        a.ingest("n", "", &state_file(first), &fp(&[]), None, false).unwrap();
+        assert!(restore(&b, "n", &out).unwrap() == state_file(first), "{first}: cold");
+        let (r, sent) = requests_during(&b, || b.materialize(&target("n"), &out, None, None, false).unwrap());
+        assert!(std::fs::read(&out).unwrap() == state_file(first), "{first}: warm");
+        assert_eq!(r.verified_by, "file xxh3");
+        assert_eq!(sent, [("get", 1)].into_iter().collect(), "{first}: a warm restore asks for the record alone");
+
+        a.ingest("n", "", &state_file(second), &fp(&[]), None, false).unwrap();
+        let (r, sent) = requests_during(&b, || b.materialize(&target("n"), &out, None, None, false).unwrap());
+        assert!(std::fs::read(&out).unwrap() == state_file(second), "{second}: the older state was put in place");
+        assert_eq!(r.manifest_id, b.get("n", "").unwrap().unwrap().manifest_id, "{second}");
+        assert_eq!(sent.get("get"), Some(&2), "{second}: the record, then again for the state it names: {sent:?}");
+
+        assert!(a.remove("n", "").unwrap());
+        std::fs::remove_file(&out).unwrap();
+        let e = b.materialize(&target("n"), &out, None, None, false).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::NameNotFound, "{second}: {e}");
+        assert!(!out.exists(), "{second}: a removed name's older state was put in place");
+        assert!(!std::fs::read_dir(&db.0).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp")));
+    }
+}
+
 /// A name's record places each of its objects in its packs: a machine that never saw the name restores it
 /// with the record's GET and the ranges alone (no pack index, no HEAD, no listing), byte-exact, and keeps what
 /// it read. Full attention and sliding window.

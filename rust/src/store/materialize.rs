@@ -12,6 +12,9 @@
 //! `ObjectStore::get_for_file_hash`); on a mismatch every object is read again hashed, so the bad one is found,
 //! quarantined and named in the error, as on any other read. What a bucket store fetched goes to its cache
 //! only once verified: staged beside the write, kept when the file hash matched (`Backend::stage`, `keep`).
+//! A materialized file never names an older state than the name's record: a bucket store's name whose state
+//! this machine already holds is written while the record is read, and put in place only if the record
+//! names that state (else dropped unseen, and the record's state restored).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -22,11 +25,12 @@ use serde::Serialize;
 
 use super::file_check::{self, FileSum};
 use super::{label, Store, Target};
+use crate::index::HeedExt;
 use crate::error::Result;
 use crate::format::{self, EmitOptions};
 use crate::id::ObjectId;
 use crate::manifest::{check_expect, Fingerprint, Manifest};
-use crate::objects::atomic::{atomic_write_pieces, FILE_TEMP};
+use crate::objects::atomic::{write_unpublished, Unpublished, FILE_TEMP};
 use crate::objects::{Fetched, ObjectError, Part, Staged};
 
 #[derive(Debug, Clone, Serialize)]
@@ -68,21 +72,26 @@ pub struct Loaded {
 impl Store {
     /// Read and verify a state's skeleton and distinct blocks (parallel).
     pub fn load(&self, target: &Target, expect: Option<&Fingerprint>) -> Result<Loaded> {
-        self.load_checked(target, expect, Check::EachObject, None, false)
+        self.load_checked(target, None, expect, Check::EachObject, None, false)
     }
 
     /// `check` is `FileHash` only where the rebuild for `n_stream` is byte-exact (decided on the manifest this
     /// read resolved, the one the caller's file hash check will use). `kept`: objects are decoded into buffers
-    /// kept between restores, which the caller gives back (`buffers.rs`).
+    /// kept between restores, which the caller gives back (`buffers.rs`). `held`: the state `target` names, as
+    /// this machine's index has it (not resolved again).
     fn load_checked(
         &self,
         target: &Target,
+        held: Option<&(ObjectId, Manifest)>,
         expect: Option<&Fingerprint>,
         check: Check,
         n_stream: Option<u32>,
         kept: bool,
     ) -> Result<Loaded> {
-        let (mid, manifest) = self.resolve(target)?;
+        let (mid, manifest) = match held {
+            Some(state) => state.clone(),
+            None => self.resolve(target)?,
+        };
         let exact = n_stream.is_none() || n_stream == Some(manifest.n_stream);
         let check = if exact { check } else { Check::EachObject };
         if let Some(expect) = expect {
@@ -157,7 +166,7 @@ impl Store {
     /// Rebuild a state's slot file in memory. Byte-exact (and checked against the stored file hash) unless
     /// `n_stream` asks for another stream count than the saved one.
     pub fn rebuild(&self, target: &Target, expect: Option<&Fingerprint>, n_stream: Option<u32>) -> Result<(Loaded, Vec<u8>)> {
-        let loaded = self.load_checked(target, expect, Check::FileHash, n_stream, false)?;
+        let loaded = self.load_checked(target, None, expect, Check::FileHash, n_stream, false)?;
         let file = recompose_loaded(&loaded, n_stream);
         if loaded.hashed_each {
             return Ok((loaded, file?)); // not byte-exact: its objects were hashed, there is no file hash
@@ -170,7 +179,7 @@ impl Store {
         }
         // Parts read unhashed that do not recompose, or not into the file: read again, each object hashed (the
         // bad one is quarantined and named).
-        let loaded = self.load_checked(target, expect, Check::EachObject, n_stream, false)?;
+        let loaded = self.load_checked(target, None, expect, Check::EachObject, n_stream, false)?;
         let file = recompose_loaded(&loaded, n_stream)?;
         check_file_hash(target, &loaded, &[&file])?;
         Ok((loaded, file))
@@ -179,6 +188,12 @@ impl Store {
     /// Write a state as a slot file at `out_path`: `<dir>/.<random>.tmp`, then rename (fsync only if `durable`).
     /// The file is written straight from the objects' decoded bytes (`format::recompose_pieces`, `writev`),
     /// its file hash checked beside the write; a mismatch removes it before any rename.
+    ///
+    /// A bucket store's name whose state this machine's index and cache hold is written while the name's record
+    /// is read (the round trip that says whether another machine saved it since), and renamed into place only
+    /// if the record names that same state; else the file is dropped and the record's state restored as usual.
+    /// So a warm restore costs the longer of the two, not their sum, and never returns an older state than the
+    /// record names.
     pub fn materialize(
         &self,
         target: &Target,
@@ -188,28 +203,81 @@ impl Store {
         durable: bool,
     ) -> Result<MaterializeReport> {
         let t0 = Instant::now();
-        let loaded = self.load_checked(target, expect, Check::FileHash, n_stream, true)?;
-        let (written, staged) = self.write_staging(target, out_path, durable, &loaded, n_stream);
-        let (loaded, file_bytes) = match written {
-            Ok(Some(file_bytes)) => {
-                self.objects.backend().keep(staged); // verified by the file hash
-                (loaded, file_bytes)
+        if let (Target::Name { namespace, name }, Some(held)) = (*target, self.held_here(target)) {
+            let confirmed = std::thread::scope(|sc| {
+                let record = sc.spawn(|| self.catalog.name(namespace, name));
+                let written = self.write_state(target, Some(&held), out_path, expect, n_stream, durable);
+                let record = record.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+                match record.is_some_and(|r| r.manifest == held.0) {
+                    true => written.map(Some),
+                    false => {
+                        if let Ok(w) = written {
+                            self.give_back(w.loaded); // the file is dropped unpublished: removed
+                        }
+                        Ok(None)
+                    }
+                }
+            })?;
+            if let Some(w) = confirmed {
+                return self.publish(w, t0);
             }
-            // Read again, each object hashed: a bad object is quarantined and named; a rebuild that still does
-            // not match its file hash writes nothing.
+        }
+        let w = self.write_state(target, None, out_path, expect, n_stream, durable)?;
+        self.publish(w, t0)
+    }
+
+    /// The state a bucket store's name points at in this machine's index, when its cache holds every object of
+    /// it (a restore of it asks nothing of the bucket but the name's record). None for a local store (its
+    /// index is where names live), and for anything this machine lacks: the usual path reads and reports.
+    fn held_here(&self, target: &Target) -> Option<(ObjectId, Manifest)> {
+        let Target::Name { namespace, name } = *target else { return None };
+        self.catalog.location()?;
+        let ix = &*self.index;
+        let r = ix.read_txn().ok()?;
+        let id = ix.names.get(&r, &(namespace, name)).ix(ix).ok()??.manifest;
+        let manifest = self.read_manifest(&r, id).ok()?;
+        self.objects.backend().holds_here(&manifest.referenced()).then_some((id, manifest))
+    }
+
+    /// The file of `target`'s state (`held`: as this machine's index has it) written and checked, not yet in
+    /// place. A part that does not match is found by reading every object again, each hashed: it is
+    /// quarantined and named, and a rebuild that still does not match its file hash writes nothing.
+    fn write_state(
+        &self,
+        target: &Target,
+        held: Option<&(ObjectId, Manifest)>,
+        out_path: &Path,
+        expect: Option<&Fingerprint>,
+        n_stream: Option<u32>,
+        durable: bool,
+    ) -> Result<Written> {
+        let loaded = self.load_checked(target, held, expect, Check::FileHash, n_stream, true)?;
+        let (written, staged) = self.write_staging(target, out_path, durable, &loaded, n_stream);
+        match written {
+            Ok(Some((file, file_bytes))) => Ok(Written { loaded, file, file_bytes, staged }),
             Ok(None) => {
                 self.give_back(loaded);
-                let loaded = self.load_checked(target, expect, Check::EachObject, n_stream, false)?;
+                let loaded = self.load_checked(target, held, expect, Check::EachObject, n_stream, false)?;
                 match write_checked(target, out_path, durable, &loaded, n_stream)? {
-                    Some(file_bytes) => (loaded, file_bytes),
-                    None => return Err(mismatch(target, &loaded)),
+                    Some((file, file_bytes)) => Ok(Written { loaded, file, file_bytes, staged: Staged::default() }),
+                    None => Err(mismatch(target, &loaded)),
                 }
             }
             Err(e) => {
                 self.give_back(loaded);
-                return Err(e);
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// Rename a written file into place, keep what the read fetched (verified by the file hash), report.
+    fn publish(&self, w: Written, t0: Instant) -> Result<MaterializeReport> {
+        let Written { loaded, file, file_bytes, staged } = w;
+        if let Err(e) = file.publish() {
+            self.give_back(loaded);
+            return Err(e.into());
+        }
+        self.objects.backend().keep(staged);
         let report = MaterializeReport {
             manifest_id: loaded.manifest_id.hex(),
             n_tokens: loaded.manifest.n_tokens,
@@ -237,7 +305,7 @@ impl Store {
         durable: bool,
         loaded: &Loaded,
         n_stream: Option<u32>,
-    ) -> (Result<Option<u64>>, Staged) {
+    ) -> (Result<Option<(Unpublished, u64)>>, Staged) {
         if loaded.fetched.is_empty() {
             return (write_checked(target, out_path, durable, loaded, n_stream), Staged::default());
         }
@@ -275,10 +343,16 @@ fn recompose_loaded(loaded: &Loaded, n_stream: Option<u32>) -> std::result::Resu
     format::recompose(&loaded.skeleton, &refs, &opts)
 }
 
-/// Write a state's file atomically from its parts, its file hash checked beside the write (when byte-exact).
-/// Some(bytes written); None: the hash did not match, or parts not yet verified did not recompose (a wrong
-/// copy fails the format before the hash), and nothing was written.
-fn write_checked(target: &Target, out_path: &Path, durable: bool, loaded: &Loaded, n_stream: Option<u32>) -> Result<Option<u64>> {
+/// Write a state's file beside `out_path` from its parts, its file hash checked beside the write (when
+/// byte-exact). Some(the file, not yet in place; bytes written); None: the hash did not match, or parts not yet
+/// verified did not recompose (a wrong copy fails the format before the hash), and nothing was written.
+fn write_checked(
+    target: &Target,
+    out_path: &Path,
+    durable: bool,
+    loaded: &Loaded,
+    n_stream: Option<u32>,
+) -> Result<Option<(Unpublished, u64)>> {
     let (refs, opts, exact) = emit_args(loaded, n_stream);
     let mut pieces = match format::recompose_pieces(&loaded.skeleton, &refs, &opts) {
         Ok(pieces) => pieces,
@@ -293,11 +367,19 @@ fn write_checked(target: &Target, out_path: &Path, durable: bool, loaded: &Loade
         mismatch.store(r.is_err(), std::sync::atomic::Ordering::Relaxed);
         r
     };
-    match atomic_write_pieces(out_path, FILE_TEMP, &slices, durable, check) {
-        Ok(()) => Ok(Some(file_bytes)),
+    match write_unpublished(out_path, FILE_TEMP, &slices, durable, check) {
+        Ok(file) => Ok(Some((file, file_bytes))),
         Err(_) if mismatch.into_inner() => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// A state's file written and checked, not yet in place, with what its read used and staged.
+struct Written {
+    loaded: Loaded,
+    file: Unpublished,
+    file_bytes: u64,
+    staged: Staged,
 }
 
 /// How a rebuild's objects are verified.
@@ -378,7 +460,7 @@ mod tests {
             assert!(s.buffers.kept_bytes() > 0, "the decoded parts' buffers (skeleton, compressed blocks) are kept");
         }
         // Raw blocks are not copied at all: a restore maps their files.
-        let l = s.load_checked(&Target::Name { namespace: "", name: "big" }, None, Check::FileHash, None, true).unwrap();
+        let l = s.load_checked(&Target::Name { namespace: "", name: "big" }, None, None, Check::FileHash, None, true).unwrap();
         let mapped = l.blocks.values().filter(|p| matches!(p, Part::Mapped(_))).count();
         assert!(mapped * 2 > l.blocks.len(), "{mapped} of {} blocks mapped", l.blocks.len());
         // Another stream count rebuilds to other bytes, in kept buffers too, and reports their length.
