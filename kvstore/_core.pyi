@@ -150,6 +150,9 @@ class Store:
         created, last_used, displaced}, or None. `empty`: an empty slot (see `layout_is_empty`). A bucket store
         reads the name's record from the bucket; `displaced`: manifest ids a concurrent save on another machine
         committed and this name's later save replaced (kept by gc)."""
+    def held(self, name: str, *, namespace: str = ...) -> bool:
+        """Whether this machine's index names the state (no request: on a bucket store it may be behind another
+        machine's save or removal; a restore confirms against the name's record)."""
     def tokens(self, name: str, *, namespace: str = ...) -> list[int]: ...
     def list(self, *, namespace: Optional[str] = None) -> list[dict[str, Any]]: ...
     def remove(self, name: str, *, namespace: str = ...) -> bool: ...

@@ -97,7 +97,13 @@ class Broker:
         return None
 
     async def stored(self, namespace: str, name: str) -> bool:
+        """Whether the name is stored, as the plan needs it. On a bucket store this machine's index answering
+        yes is taken without a round trip: the restore that follows confirms against the name's record (and
+        restores a newer state saved elsewhere, or finds the name removed: then NotStored, a full evaluation).
+        A no is asked of the bucket: another server may have saved the name (a user moving between servers)."""
         try:
+            if self.store.remote and await self.store.held(name, namespace=namespace):
+                return True
             return await self.store.get(name, namespace=namespace) is not None
         except Exception as e:  # noqa: BLE001 - unknown: let the restore decide
             log.error("store lookup of %r failed: %s", name, e)

@@ -128,6 +128,11 @@ class AsyncStore:
         await self.settled(namespace, name)
         return await self._call(self.core.get, name, namespace=namespace)
 
+    async def held(self, name: str, *, namespace: str) -> bool:
+        """Whether this machine's index names the state (no request to a bucket; see `_core.Store.held`)."""
+        await self.settled(namespace, name)
+        return await self._call(self.core.held, name, namespace=namespace)
+
     @property
     def remote(self) -> Optional[str]:
         """`s3://bucket/prefix` of an S3 store, else None."""

@@ -2,11 +2,12 @@
 //! target (the `tempfile` crate: created exclusively, removed when dropped unless renamed), fsync, rename,
 //! fsync the directory.
 //!
-//! CONTRACT: any failure removes the temp file, so readers see all of a file or nothing; `durable = false`
-//! skips the fsyncs (a materialized file that is consumed at once, a cache). Files get the mode a plain
-//! `File::create` gives (0o666 less the umask). `touch_now` refreshes a file's mtime (the time gc's grace
-//! period counts from); `unique_suffix` is the random part of names that must not collide (not temp files:
-//! quarantined copies, lock keys).
+//! CONTRACT: any failure removes the temp file, so readers see all of a file or nothing (`write_unpublished`
+//! stops short of the rename, for a caller with a condition of its own: `Unpublished::publish` renames, a drop
+//! removes); `durable = false` skips the fsyncs (a materialized file that is consumed at once, a cache).
+//! Files get the mode a plain `File::create` gives (0o666 less the umask). `touch_now` refreshes a file's mtime
+//! (the time gc's grace period counts from); `unique_suffix` is the random part of names that must not collide
+//! (not temp files: quarantined copies, lock keys).
 
 use std::fs::{File, Permissions};
 use std::io::{self, IoSlice, Write};

@@ -214,6 +214,12 @@ impl PyStore {
     }
 
     #[pyo3(signature = (name, *, namespace = String::new()))]
+    fn held(&self, py: Python<'_>, name: String, namespace: String) -> PyResult<bool> {
+        let s = &self.inner;
+        Ok(py.detach(|| s.held(&name, &namespace))?)
+    }
+
+    #[pyo3(signature = (name, *, namespace = String::new()))]
     fn tokens(&self, py: Python<'_>, name: String, namespace: String) -> PyResult<Vec<i32>> {
         let s = &self.inner;
         Ok(py.detach(|| s.tokens(&name, &namespace))?)

@@ -310,7 +310,9 @@ fn a_warm_restore_is_put_in_place_only_if_the_record_still_names_it() {
     for (first, second) in [("smollm2_parent.bin", "smollm2_child.bin"), ("gemma3_parent.bin", "gemma3_child.bin")] {
         let out = db.0.join("n.bin");
         a.ingest("n", "", &state_file(first), &fp(&[]), None, false).unwrap();
+        assert!(!b.held("n", "").unwrap(), "{first}: held asks nothing of the bucket, and B has not read the name");
         assert!(restore(&b, "n", &out).unwrap() == state_file(first), "{first}: cold");
+        assert!(b.held("n", "").unwrap());
         let (r, sent) = requests_during(&b, || b.materialize(&target("n"), &out, None, None, false).unwrap());
         assert!(std::fs::read(&out).unwrap() == state_file(first), "{first}: warm");
         assert_eq!(r.verified_by, "file xxh3");
@@ -324,8 +326,10 @@ fn a_warm_restore_is_put_in_place_only_if_the_record_still_names_it() {
 
         assert!(a.remove("n", "").unwrap());
         std::fs::remove_file(&out).unwrap();
+        assert!(b.held("n", "").unwrap(), "{second}: B's index is behind A's removal until B reads the record");
         let e = b.materialize(&target("n"), &out, None, None, false).unwrap_err();
         assert_eq!(e.kind(), crate::error::ErrorKind::NameNotFound, "{second}: {e}");
+        assert!(!b.held("n", "").unwrap(), "{second}: the record read dropped the name from B's index");
         assert!(!out.exists(), "{second}: a removed name's older state was put in place");
         assert!(!std::fs::read_dir(&db.0).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp")));
     }

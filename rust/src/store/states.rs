@@ -71,6 +71,17 @@ impl Store {
         }
     }
 
+    /// Whether this machine's index names a state under `name`, asking nothing of where names live (a bucket
+    /// store's index may be behind another machine's save or removal). For a caller that only needs a likely
+    /// answer: a restore of the name confirms it against the record anyway (`materialize.rs`).
+    pub fn held(&self, name: &str, namespace: &str) -> Result<bool> {
+        validate_name(name, "name")?;
+        validate_name(namespace, "namespace")?;
+        let ix = &*self.index;
+        let r = ix.read_txn()?;
+        Ok(ix.names.get(&r, &(namespace, name)).ix(ix)?.is_some())
+    }
+
     pub fn tokens(&self, name: &str, namespace: &str) -> Result<Vec<i32>> {
         let (_, m) = self.resolve(&Target::Name { namespace, name })?;
         Ok(m.tokens)
