@@ -13,7 +13,7 @@ use std::time::SystemTime;
 
 use super::{Catalog, Committed, Freshness, GcLock, Held, SyncReport};
 use crate::error::{Error, Result};
-use crate::index::{HeedExt, Index, NameRecord, Retention};
+use crate::index::{Index, NameRecord, Retention};
 
 /// `<dir>/lock`, flocked shared by saves and exclusively by gc.
 pub struct LockFile {
@@ -63,9 +63,7 @@ impl Catalog for LocalCatalog {
     }
 
     fn name(&self, namespace: &str, name: &str) -> Result<Option<NameRecord>> {
-        let ix = &*self.index;
-        let r = ix.read_txn()?;
-        Ok(ix.names.get(&r, &(namespace, name)).ix(ix)?)
+        Ok(self.index.name_row(namespace, name)?)
     }
 
     fn commit_name(&self, _namespace: &str, _name: &str, state: &Committed, now: f64) -> Result<NameRecord> {

@@ -1,5 +1,5 @@
-//! Typed reads and edits over the index tables that take more than one `get`/`put`: name rows of a
-//! namespace, manifests at a prefix key, the one writer of prefix rows, and the edits gc makes (dropping
+//! Typed reads and edits over the index tables that take more than one `get`/`put`: a name's row in a read of
+//! its own, name rows of a namespace, manifests at a prefix key, the one writer of prefix rows, and the edits gc makes (dropping
 //! dead manifests with their prefix keys, dropping object rows).
 //!
 //! CONTRACT: callers never see key bytes; every prefix row is written by `put_prefixes` (an ingest's and a
@@ -22,6 +22,12 @@ fn layout_key(namespace: &str, fingerprint_id: &str) -> String {
 }
 
 impl Index {
+    /// A name's row, read in a transaction of its own.
+    pub fn name_row(&self, namespace: &str, name: &str) -> Result<Option<NameRecord>, IndexError> {
+        let r = self.read_txn()?;
+        self.names.get(&r, &(namespace, name)).ix(self)
+    }
+
     /// Name rows of one namespace, or of all, in (namespace, name) order.
     pub fn names_in(&self, r: &RoTxn<'_>, namespace: Option<&str>) -> Result<Vec<NameRow>, IndexError> {
         let mut out = Vec::new();

@@ -19,7 +19,7 @@ use super::sync::{self, Mirror};
 use super::{names, RemoteOptions};
 use crate::catalog::{Catalog, Committed, Freshness, GcLock, Held, LockFile, SyncReport};
 use crate::error::Result;
-use crate::index::{HeedExt, Index, NameRecord, Retention};
+use crate::index::{Index, NameRecord, Retention};
 use crate::objects::ObjectStore;
 
 pub struct BucketCatalog {
@@ -65,9 +65,7 @@ impl BucketCatalog {
     }
 
     fn local_row(&self, namespace: &str, name: &str) -> Result<Option<NameRecord>> {
-        let ix = &*self.mirror.index;
-        let r = ix.read_txn()?;
-        Ok(ix.names.get(&r, &(namespace, name)).ix(ix)?)
+        Ok(self.mirror.index.name_row(namespace, name)?)
     }
 }
 

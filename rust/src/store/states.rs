@@ -77,9 +77,7 @@ impl Store {
     pub fn held(&self, name: &str, namespace: &str) -> Result<bool> {
         validate_name(name, "name")?;
         validate_name(namespace, "namespace")?;
-        let ix = &*self.index;
-        let r = ix.read_txn()?;
-        Ok(ix.names.get(&r, &(namespace, name)).ix(ix)?.is_some())
+        Ok(self.index.name_row(namespace, name)?.is_some())
     }
 
     pub fn tokens(&self, name: &str, namespace: &str) -> Result<Vec<i32>> {
