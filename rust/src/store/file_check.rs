@@ -81,9 +81,9 @@ pub fn matches(m: &Manifest, pieces: &[&[u8]], local: bool) -> bool {
     if len != m.file_bytes {
         return false;
     }
-    match (FileSum::for_read(m, local), &m.file_xxh3) {
-        (FileSum::Xxh3, Some(want)) => xxh3_hex(xxh3_pieces(pieces)) == *want,
-        _ => hex(blake3_pieces(pieces).as_bytes()) == m.file_hash,
+    match FileSum::for_read(m, local) {
+        FileSum::Xxh3 => m.file_xxh3.as_deref() == Some(&xxh3_hex(xxh3_pieces(pieces))),
+        FileSum::Blake3 => hex(blake3_pieces(pieces).as_bytes()) == m.file_hash,
     }
 }
 
