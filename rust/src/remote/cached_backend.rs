@@ -27,7 +27,7 @@ pub struct CachedBackend {
     pub cache: Arc<LruCache>,
     pub bucket: BucketObjects,
     /// `get_into` calls answered by the bucket (`Backend::reads_from_afar`).
-    pub from_bucket: AtomicU64,
+    pub bucket_reads: AtomicU64,
 }
 
 impl Backend for CachedBackend {
@@ -63,7 +63,7 @@ impl Backend for CachedBackend {
             let _ = self.cache.dir.touch(id); // least recently used = oldest mtime
             return Ok(true);
         }
-        self.from_bucket.fetch_add(1, Ordering::AcqRel);
+        self.bucket_reads.fetch_add(1, Ordering::AcqRel);
         match self.bucket.get(id)? {
             Some(bytes) => {
                 *buf = bytes;
@@ -79,7 +79,7 @@ impl Backend for CachedBackend {
     }
 
     fn reads_from_afar(&self) -> u64 {
-        self.from_bucket.load(Ordering::Acquire)
+        self.bucket_reads.load(Ordering::Acquire)
     }
 
     fn verified(&self, id: &ObjectId, encoded: &[u8]) {

@@ -153,7 +153,7 @@ pub fn open_with(
     }
     let cache = Arc::new(LruCache::open(root.clone(), cache_size)?);
     let bucket_objects = BucketObjects::new(bucket.clone(), opts.stale_lock);
-    let objects = ObjectStore::new(Box::new(CachedBackend { cache: cache.clone(), bucket: bucket_objects.clone(), from_bucket: Default::default() }));
+    let objects = ObjectStore::new(Box::new(CachedBackend { cache: cache.clone(), bucket: bucket_objects.clone(), bucket_reads: Default::default() }));
     let index = Index::open(&root.join("index"), map_size.max(1 << 20), config.block_size)?;
     let made_with = index.block_size()?;
     if made_with != config.block_size {
