@@ -204,7 +204,9 @@ def table(results: dict) -> str:
                          f"{rc['stored_mb']} MB stored), MB/s of file bytes: local {r['local_restore']} vs page-cache "
                          f"copy {r['copy']} (**{rc['local_restore_vs_copy']}x**); bucket cold cache "
                          f"{r['bucket_cold_restore']} vs one GET of the stored bytes {r['one_get_of_stored_bytes']} "
-                         f"(**{rc['cold_restore_vs_one_get']}x**); bucket warm cache {r['bucket_warm_restore']} "
+                         f"(**{rc['cold_restore_vs_one_get']}x**; with the cache fill it leaves behind "
+                         f"{rc['s']['cache_fill_behind'] * 1e3:.0f} ms, {rc['cold_restore_and_fill_vs_one_get']}x); "
+                         f"bucket warm cache {r['bucket_warm_restore']} "
                          f"(**{rc['warm_restore_vs_local']}x** local). What the bucket adds to a restore (cold minus "
                          f"warm): {(rc['s']['cold_restore'] - rc['s']['warm_restore']) * 1e3:.0f} ms, one GET of the "
                          f"stored bytes {rc['s']['one_get'] * 1e3:.0f} ms.")

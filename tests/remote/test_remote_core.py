@@ -239,8 +239,8 @@ def test_bucket_down_reads_from_cache_writes_fail_fast(state_files, tmp_path, mo
 
 def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_files, tmp_path, monkeypatch):
     """B restores two states it never held (full attention and sliding window), two requests at once per state:
-    each is byte-exact, B's cache keeps them (no staged copy left behind), and with the bucket gone B restores
-    both again from its cache alone."""
+    each is byte-exact, B's cache keeps them (written behind the restores: whole once `settle` returns, no
+    half-written copy left), and with the bucket gone B restores both again from its cache alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     w = Weed(tmp_path / "weed")
@@ -265,8 +265,13 @@ def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_f
             assert "file blake3" in [rep["verified_by"] for (n, _), rep in zip(jobs, reports) if n == name], name
     finally:
         w.stop()
+    b.settle()  # the restores returned before writing what they fetched into the cache: that is done now
     cached = [p for p in (tmp_path / "b").rglob("*") if p.is_file() and p.parent.name != "index"]
-    assert not [p for p in cached if p.name.startswith(".tmp-")], "a staged copy was left behind"
+    assert not [p for p in cached if p.name.startswith(".tmp-")], "a half-written copy was left behind"
+    kept = {p.name for p in cached if p.parent.parent.name == "objects"}
+    saved = {p.name for p in (tmp_path / "a").rglob("*") if p.is_file() and p.parent.parent.name == "objects"}
+    # Every object A saved, but each state's manifest (its record carries it to B).
+    assert kept <= saved and len(saved - kept) == len(files), (len(kept), len(saved))
     st = b.stats()
     assert st["cache_bytes"] > sum(f.stat().st_size for f in files.values()) // 4, st
     for name, f in files.items():

@@ -105,6 +105,17 @@ pub fn atomic_write_pieces<E: From<ObjectError> + Send>(
     Ok(write_unpublished(target, temp, pieces, durable, check)?.publish()?)
 }
 
+/// Write `bytes` to `target` unless a file is there (not fsynced: a copy of what lives elsewhere, a cache's):
+/// true if this call put it there; two writers of one target leave one file and only one of them says true.
+pub fn write_new(target: &Path, temp: TempName, bytes: &[u8]) -> Result<bool, ObjectError> {
+    let tmp = write_temp(parent_dir(target), temp, bytes, false)?;
+    match tmp.persist_noclobber(target) {
+        Ok(()) => Ok(true),
+        Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(ObjectError::io(target, e.error)),
+    }
+}
+
 /// A file written and checked beside its target, not yet renamed into place: `publish` does that; dropped, it
 /// is removed.
 pub struct Unpublished {
@@ -220,30 +231,6 @@ pub fn write_batch(
     Ok(lens)
 }
 
-/// Files written under temp names beside their targets and renamed onto them only by `persist` (a cache's
-/// copies of fetched objects, written while the restore that will verify them runs); dropped before that,
-/// every temp file is removed. Not fsynced: for a directory whose files are copies of what lives elsewhere.
-#[derive(Default)]
-pub struct StagedFiles {
-    files: Vec<(TempPath, PathBuf, u64)>,
-}
-
-impl StagedFiles {
-    /// Write `bytes` under a temp name (`temp`) beside `target`, whose directory must exist.
-    pub fn add(&mut self, target: PathBuf, temp: TempName, bytes: &[u8]) -> Result<(), ObjectError> {
-        let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let tmp = write_temp(dir, temp, bytes, false)?;
-        self.files.push((tmp, target, bytes.len() as u64));
-        Ok(())
-    }
-
-    /// Rename every file onto its target unless the target is there already (another restore's copy of the
-    /// same object: then it is removed and not counted); returns the bytes put in place.
-    pub fn persist(self) -> u64 {
-        self.files.into_iter().filter_map(|(tmp, target, len)| tmp.persist_noclobber(&target).ok().map(|_| len)).sum()
-    }
-}
-
 /// mtime := now, also on read-only files we own (utimensat), unlike opening for write.
 pub fn touch_now(p: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
@@ -262,31 +249,27 @@ mod tests {
     use super::*;
     use crate::testutil::TempDir;
 
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-        v.sort();
-        v
-    }
-
-    /// Staged files are invisible until `persist`, gone if dropped before, and never replace a file there.
+    /// Writers racing to keep one target leave one whole file, the first one's; one of them says so; no temp
+    /// file is left.
     #[test]
-    fn staged_files_appear_only_when_persisted_and_never_clobber() {
-        let d = TempDir::new("staged");
-        let (a, b) = (d.0.join("a"), d.0.join("b"));
-        let mut dropped = StagedFiles::default();
-        dropped.add(a.clone(), OBJECT_TEMP, b"first").unwrap();
-        assert_eq!(names(&d.0).len(), 1, "the temp file is written");
-        drop(dropped);
-        assert!(names(&d.0).is_empty(), "dropped: the temp file is removed");
-
-        std::fs::write(&b, b"already").unwrap();
-        let mut staged = StagedFiles::default();
-        staged.add(a.clone(), OBJECT_TEMP, b"first").unwrap();
-        staged.add(b.clone(), OBJECT_TEMP, b"other copy").unwrap();
-        assert_eq!(names(&d.0).len(), 3);
-        assert_eq!(staged.persist(), 5, "only the new file counts");
-        assert_eq!(names(&d.0), ["a", "b"]);
-        assert_eq!(std::fs::read(&a).unwrap(), b"first");
-        assert_eq!(std::fs::read(&b).unwrap(), b"already");
+    fn write_new_puts_a_file_once_and_never_replaces_one() {
+        let d = TempDir::new("write-new");
+        let target = d.0.join("obj");
+        let said: Vec<bool> = std::thread::scope(|sc| {
+            let writers: Vec<_> = (0..8u8)
+                .map(|k| {
+                    let target = &target;
+                    sc.spawn(move || write_new(target, OBJECT_TEMP, &vec![k; 1 << 16]).unwrap())
+                })
+                .collect();
+            writers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        assert_eq!(said.iter().filter(|&&s| s).count(), 1, "one writer put the file there: {said:?}");
+        let kept = std::fs::read(&target).unwrap();
+        assert_eq!(kept.len(), 1 << 16);
+        assert!(kept.iter().all(|&b| b == kept[0]), "the file is one writer's bytes, whole");
+        assert!(!write_new(&target, OBJECT_TEMP, b"other").unwrap(), "a file there is never replaced");
+        assert_eq!(std::fs::read(&target).unwrap(), kept);
+        assert_eq!(std::fs::read_dir(&d.0).unwrap().count(), 1, "no temp file is left");
     }
 }

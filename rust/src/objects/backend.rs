@@ -96,23 +96,6 @@ impl Fetched {
     }
 }
 
-/// What `Backend::stage` wrote and has not yet made visible: `Backend::keep` commits it; dropped uncommitted,
-/// it is removed.
-#[derive(Default)]
-pub struct Staged(Option<Box<dyn FnOnce() -> u64 + Send>>);
-
-impl Staged {
-    /// `commit` makes the staged objects visible and returns the bytes it put in place; whatever it owns is
-    /// dropped, and so removed, if it never runs.
-    pub fn new(commit: impl FnOnce() -> u64 + Send + 'static) -> Self {
-        Staged(Some(Box::new(commit)))
-    }
-    /// The bytes put in place (0 for nothing staged).
-    pub fn commit(self) -> u64 {
-        self.0.map_or(0, |commit| commit())
-    }
-}
-
 /// An object listed with its modification time (the backend's clock) and stored length.
 pub type Stamped = (ObjectId, SystemTime, u64);
 
@@ -198,18 +181,17 @@ pub trait Backend: Send + Sync {
     }
     /// Fetch those of `ids` that must come from afar (a bucket store: what its cache lacks, in parallel), encoded,
     /// neither verified nor kept: the reader verifies them (`ObjectStore::get_fetched`, or a rebuilt file's
-    /// hash) and then hands them to `keep`. A backend that holds its objects where it reads them fetches nothing.
+    /// hash) and then hands them to `keep_fetched`. A backend that holds its objects where it reads them
+    /// fetches nothing.
     fn fetch(&self, _ids: &[ObjectId]) -> Result<Fetched, ObjectError> {
         Ok(Fetched::default())
     }
-    /// Write fetched objects where this backend would keep them, not yet visible (a cache: temp files), so
-    /// that the writing runs beside the caller's check of them; `keep` makes them visible once they passed it,
-    /// and dropping what this returns removes them. A backend that holds its objects already stages nothing.
-    fn stage(&self, _fetched: &Fetched) -> Staged {
-        Staged::default()
-    }
-    /// Make staged objects visible (the caller verified them: a cache keeps them for the next read).
-    fn keep(&self, _staged: Staged) {}
+    /// Keep what `fetch` brought, which the caller verified (its rejected copies are left out): a cache writes
+    /// it behind the caller, who does not wait; the cache's next read waits for it. A backend that holds its
+    /// objects already keeps nothing.
+    fn keep_fetched(&self, _fetched: Fetched) {}
+    /// Wait for what this backend does behind its callers (a cache's fills); nothing for most.
+    fn settle(&self) {}
     /// The bytes `get_into` just returned for `id` passed the hash check (a cache keeps them only then).
     fn verified(&self, _id: &ObjectId, _encoded: &[u8]) {}
     /// Where `id` lies as a plain file, for a backend that keeps objects so (a raw object is then mapped, not

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use rayon::prelude::*;
 
-use super::atomic::{atomic_write, fsync_dir, touch_now, unique_suffix, write_batch, StagedFiles, OBJECT_TEMP};
+use super::atomic::{atomic_write, fsync_dir, touch_now, unique_suffix, write_batch, write_new, OBJECT_TEMP};
 use super::{Backend, ObjectError, TEMP_PREFIX};
 use crate::id::ObjectId;
 
@@ -37,6 +37,16 @@ impl LocalDir {
     pub fn path_of(&self, id: &ObjectId) -> PathBuf {
         let h = id.hex();
         self.root.join(&h[..2]).join(h)
+    }
+    /// Keep `encoded` as `id` unless a file for it is here: true if this call put it there (of writers racing
+    /// to keep one object, one says true). Not fsynced: for a cache, whose objects live elsewhere too.
+    pub fn put_new(&self, id: &ObjectId, encoded: &[u8]) -> Result<bool, ObjectError> {
+        let target = self.path_of(id);
+        if target.is_file() {
+            return Ok(false);
+        }
+        self.make_shards(std::slice::from_ref(&target))?;
+        write_new(&target, OBJECT_TEMP, encoded)
     }
     /// Call `f` on each temp file older than `grace` (in the shards and the root); count those it accepts.
     fn each_stale_temp(
@@ -94,20 +104,6 @@ impl LocalDir {
             }
         }
         Ok(out)
-    }
-
-    /// Write these objects' encoded bytes under temp names beside where they belong, to be renamed into place
-    /// by `StagedFiles::persist` (a cache's copies of objects its restore has yet to verify). One that cannot
-    /// be written is left out: the caller holds the object elsewhere.
-    pub fn stage(&self, objects: &[(ObjectId, &[u8])]) -> StagedFiles {
-        let mut staged = StagedFiles::default();
-        let targets: Vec<PathBuf> = objects.iter().map(|(id, _)| self.path_of(id)).collect();
-        if self.make_shards(&targets).is_ok() {
-            for (target, (_, encoded)) in targets.into_iter().zip(objects) {
-                let _ = staged.add(target, OBJECT_TEMP, encoded);
-            }
-        }
-        staged
     }
 }
 

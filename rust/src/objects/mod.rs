@@ -7,7 +7,7 @@
 //! checks (`get_for_file_hash`: on a mismatch it reads again with `get_fetched`; a raw object kept as a local
 //! file comes back mapped from it, `Part::Mapped`, safe because object files are never rewritten; one a
 //! bucket store fetched comes back as a slice of the response, `Part::Shared`); what a backend fetched is kept
-//! (`Backend::keep`) only once verified; a corrupt object is moved aside (quarantine) where it was read, so
+//! (`Backend::keep_fetched`) only once verified; a corrupt object is moved aside (quarantine) where it was read, so
 //! that saving the same state again repairs it. Objects
 //! know nothing of llama.cpp, LMDB or names, nor which backend holds them: a backend is a `Backend`, and
 //! what it reports is an `ObjectError` (one that could not reach its objects: `Unavailable`).
@@ -26,7 +26,7 @@ pub mod codec;
 mod local;
 mod planes;
 
-pub use backend::{is_disk_full, Backend, Fetched, Layers, ObjectError, Staged, Stamped, Usage};
+pub use backend::{is_disk_full, Backend, Fetched, Layers, ObjectError, Stamped, Usage};
 pub use codec::{decode, encode};
 pub use local::LocalDir;
 
@@ -233,11 +233,11 @@ impl ObjectStore {
         })
     }
 
-    /// Keep what `Backend::fetch` brought once the caller verified it (a bucket store's cache writes it now;
-    /// a restore that overlaps that write with its own uses `Backend::stage` and `keep` itself).
-    pub fn keep_fetched(&self, fetched: &Fetched) {
+    /// Keep what `Backend::fetch` brought once the caller verified it (a bucket store's cache writes it behind
+    /// the caller: `Backend::keep_fetched`).
+    pub fn keep_fetched(&self, fetched: Fetched) {
         if !fetched.is_empty() {
-            self.backend.keep(self.backend.stage(fetched));
+            self.backend.keep_fetched(fetched);
         }
     }
 

@@ -1,7 +1,8 @@
 //! `CachedBackend`, the `Backend` of a bucket store: the bucket behind the local cache (`lru_cache.rs`).
 //!
 //! CONTRACT: reads try the cache, then the bucket; bytes fetched from the bucket are kept only after they
-//! passed a hash check: their own (`verified`), or the restored file's (`fetch`, then `keep`). A put goes to
+//! passed a hash check: their own (`verified`), or the restored file's (`fetch`, then `keep_fetched`, which
+//! writes them behind the restore: `LruCache::fill_behind`; dropping this backend waits for it). A put goes to
 //! the bucket first, then to the cache, so a cached object was in the bucket. Dedup
 //! (`touch`) trusts the cache once it was revalidated, else asks the bucket (HEAD). A corrupt copy is
 //! quarantined where it was read: the cache's if it holds one, else the bucket's.
@@ -15,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use super::bucket_objects::BucketObjects;
 use super::lru_cache::LruCache;
 use crate::id::ObjectId;
-use crate::objects::{Backend, Fetched, Layers, LocalDir, ObjectError, Staged, Stamped, Usage};
+use crate::objects::{Backend, Fetched, Layers, LocalDir, ObjectError, Stamped, Usage};
 
 thread_local! {
     /// The object the last `get_into` on this thread fetched from the bucket (kept once verified).
@@ -28,6 +29,13 @@ pub struct CachedBackend {
     pub bucket: BucketObjects,
     /// `get_into` calls answered by the bucket (`Backend::reads_from_afar`).
     pub bucket_reads: AtomicU64,
+}
+
+/// A fill still writing when the store closes finishes first: the cache is whole before anyone else may look.
+impl Drop for CachedBackend {
+    fn drop(&mut self) {
+        self.cache.settle();
+    }
 }
 
 impl Backend for CachedBackend {
@@ -45,7 +53,7 @@ impl Backend for CachedBackend {
         let encoded = self.bucket.encode_and_upload(ids, make)?;
         let fresh: Vec<usize> = (0..ids.len()).filter(|&i| encoded[i].is_some() && !self.cache.holds(&ids[i])).collect();
         let fresh_ids: Vec<ObjectId> = fresh.iter().map(|&i| ids[i]).collect();
-        let put = self.cache.dir.put_files(&fresh_ids, &|k| Ok(encoded[fresh[k]].as_ref().map(|b| b.to_vec())));
+        let put = self.cache.dir().put_files(&fresh_ids, &|k| Ok(encoded[fresh[k]].as_ref().map(|b| b.to_vec())));
         if let Ok(sizes) = put {
             self.cache.added(sizes.iter().flatten().sum());
         }
@@ -59,8 +67,8 @@ impl Backend for CachedBackend {
 
     fn get_into(&self, id: &ObjectId, buf: &mut Vec<u8>) -> Result<bool, ObjectError> {
         FROM_BUCKET.with(|c| c.set(None));
-        if self.cache.dir.get_into(id, buf)? {
-            let _ = self.cache.dir.touch(id); // least recently used = oldest mtime
+        if self.cache.dir().get_into(id, buf)? {
+            let _ = self.cache.dir().touch(id); // least recently used = oldest mtime
             return Ok(true);
         }
         self.bucket_reads.fetch_add(1, Ordering::AcqRel);
@@ -99,22 +107,20 @@ impl Backend for CachedBackend {
         Ok(Fetched::new(missing.into_iter().zip(got).filter_map(|(id, b)| b.map(|b| (id, b))).collect()))
     }
 
-    /// What the cache lacks of `fetched` (its rejected copies left out), written under temp names (renamed by
-    /// `keep`).
-    fn stage(&self, fetched: &Fetched) -> Staged {
-        let fresh: Vec<(ObjectId, &[u8])> =
-            fetched.accepted().filter(|(id, _)| !self.cache.holds(id)).map(|(id, b)| (*id, &b[..])).collect();
-        let files = self.cache.dir.stage(&fresh);
-        Staged::new(move || files.persist())
+    /// What the cache lacks of `fetched` (its rejected copies left out), written behind the caller.
+    fn keep_fetched(&self, fetched: Fetched) {
+        let fresh: Vec<(ObjectId, bytes::Bytes)> =
+            fetched.accepted().filter(|(id, _)| !self.cache.holds(id)).map(|(id, b)| (*id, b.clone())).collect();
+        self.cache.fill_behind(fresh);
     }
 
-    fn keep(&self, staged: Staged) {
-        self.cache.added(staged.commit());
+    fn settle(&self) {
+        self.cache.settle();
     }
 
     /// A cached copy is a plain file (a raw one is mapped by a restore, and checked by its file hash).
     fn local_file(&self, id: &ObjectId) -> Option<PathBuf> {
-        Some(self.cache.dir.path_of(id))
+        Some(self.cache.dir().path_of(id))
     }
 
     fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
@@ -148,7 +154,7 @@ impl Backend for CachedBackend {
     /// verify: the cached copies (a directory of its own, so a corrupt one is quarantined there) and the
     /// bucket's.
     fn layers(&self) -> Option<Layers> {
-        let cache = LocalDir::new(self.cache.dir.root().to_path_buf()).ok()?;
+        let cache = LocalDir::new(self.cache.dir().root().to_path_buf()).ok()?;
         Some(Layers { cache: Box::new(cache), primary: Box::new(self.bucket.clone()) })
     }
 
@@ -166,7 +172,7 @@ impl Backend for CachedBackend {
     /// generation (the save's shared lock keeps a gc out until its name is committed); else a HEAD.
     fn touch(&self, id: &ObjectId) -> Result<Option<u64>, ObjectError> {
         if self.cache.trusted.load(Ordering::Acquire) {
-            if let Some(len) = self.cache.dir.touch(id)? {
+            if let Some(len) = self.cache.dir().touch(id)? {
                 return Ok(Some(len));
             }
         }
@@ -174,11 +180,11 @@ impl Backend for CachedBackend {
     }
 
     fn stale_temp(&self, grace: Duration) -> Result<usize, ObjectError> {
-        self.cache.dir.stale_temp(grace)
+        self.cache.dir().stale_temp(grace)
     }
 
     fn clean_temp(&self, grace: Duration) -> Result<usize, ObjectError> {
-        self.cache.dir.clean_temp(grace)
+        self.cache.dir().clean_temp(grace)
     }
 
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError> {

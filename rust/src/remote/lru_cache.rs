@@ -5,24 +5,55 @@
 //! until it is under 90% of it. Dedup may trust "cached ⇒ in the bucket" (`trusted`) only after `revalidate`
 //! for the bucket's current gc generation: a gc on another machine bumps the generation, and the next save
 //! here lists the bucket once and drops cached objects the gc deleted.
+//!
+//! A restore's fetched objects are written behind it (`fill_behind`, on a thread of its own, once the restore
+//! verified them), so the restore returns without waiting for a second write of the bytes it fetched. Every
+//! way in that reads or changes the cache (`dir()`, `holds`, `keep`, `forget`, `evict`, `revalidate`, `used`)
+//! first waits for the fills started before it (`settle`): the cache is never seen half-filled by a later
+//! step of the same process. The fill itself uses the fields, never those ways in (it must not wait on itself).
 
 use std::collections::HashSet;
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::SystemTime;
+
+use bytes::Bytes;
 
 use crate::id::ObjectId;
 use crate::objects::{Backend, LocalDir, ObjectError};
 
 pub struct LruCache {
-    pub dir: LocalDir,
+    dir: LocalDir,
     limit: Option<u64>,
     used: AtomicU64,
     evicting: Mutex<()>,
+    /// Fills started by `fill_behind`, by number, and those still running; `fill_done` is told when one ends.
+    fills: Mutex<Fills>,
+    fill_done: Condvar,
     gen_path: PathBuf,
     pub(super) trusted: AtomicBool,
+}
+
+#[derive(Default)]
+struct Fills {
+    started: u64,
+    running: BTreeSet<u64>,
+}
+
+/// A running fill: when it ends, or its thread panics or never starts, it is no longer waited for.
+struct Ticket {
+    cache: Arc<LruCache>,
+    k: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.cache.fills.lock().unwrap_or_else(|e| e.into_inner()).running.remove(&self.k);
+        self.cache.fill_done.notify_all();
+    }
 }
 
 impl LruCache {
@@ -33,6 +64,8 @@ impl LruCache {
             limit,
             used: AtomicU64::new(0),
             evicting: Mutex::new(()),
+            fills: Mutex::new(Fills::default()),
+            fill_done: Condvar::new(),
             gen_path: root.join("gc-generation"),
             trusted: AtomicBool::new(false),
         };
@@ -45,8 +78,52 @@ impl LruCache {
         self.limit
     }
 
+    /// The cache's directory, once the fills started before this call are done.
+    pub fn dir(&self) -> &LocalDir {
+        self.settle();
+        &self.dir
+    }
+
+    /// Wait for the fills started before this call (`fill_behind`), whoever else waits too.
+    pub fn settle(&self) {
+        let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
+        let upto = fills.started;
+        while fills.running.first().is_some_and(|&k| k < upto) {
+            fills = self.fill_done.wait(fills).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Keep these verified objects (a restore's fetched copies) on a thread of its own; the caller goes on.
+    /// Errors are not the caller's: the bucket has every object.
+    pub fn fill_behind(self: &Arc<Self>, objects: Vec<(ObjectId, Bytes)>) {
+        if objects.is_empty() {
+            return;
+        }
+        let ticket = {
+            let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
+            let k = fills.started;
+            fills.started += 1;
+            fills.running.insert(k);
+            Ticket { cache: Arc::clone(self), k }
+        };
+        let fill = move || {
+            let cache = &ticket.cache;
+            let mut added = 0;
+            for (id, encoded) in objects {
+                if cache.dir.put_new(&id, &encoded).unwrap_or(false) {
+                    added += encoded.len() as u64;
+                }
+            }
+            cache.add_used(added);
+        };
+        // No thread to be had: nothing is kept (the ticket is dropped with the closure), the objects stay in the
+        // bucket and are read from there next time.
+        let _ = std::thread::Builder::new().name("kvstore-cache-fill".into()).spawn(fill);
+    }
+
     /// Bytes the cached objects occupy.
     pub fn used(&self) -> u64 {
+        self.settle();
         self.used.load(Ordering::Relaxed)
     }
 
@@ -62,28 +139,36 @@ impl LruCache {
     }
 
     pub fn holds(&self, id: &ObjectId) -> bool {
-        self.dir.path_of(id).is_file()
+        self.dir().path_of(id).is_file()
     }
 
     /// Keep an object's encoded bytes (errors are not the caller's: the bucket has it).
     pub fn keep(&self, id: &ObjectId, encoded: &[u8]) {
-        if self.holds(id) {
-            return;
-        }
-        if self.dir.put_file(id, encoded).is_ok() {
+        if self.dir().put_new(id, encoded).unwrap_or(false) {
             self.added(encoded.len() as u64);
         }
     }
 
+    /// `n` more bytes are cached (written by the caller into `dir()`).
     pub fn added(&self, n: u64) {
+        self.settle();
+        self.add_used(n);
+    }
+
+    fn add_used(&self, n: u64) {
         let used = self.used.fetch_add(n, Ordering::Relaxed) + n;
         if self.limit.is_some_and(|l| used > l) {
-            let _ = self.evict();
+            let _ = self.evict_now();
         }
     }
 
     /// Least recently used out until under 90% of the bound. Returns the bytes removed.
     pub fn evict(&self) -> Result<u64, ObjectError> {
+        self.settle();
+        self.evict_now()
+    }
+
+    fn evict_now(&self) -> Result<u64, ObjectError> {
         let Some(limit) = self.limit else { return Ok(0) };
         let _one = self.evicting.lock().unwrap_or_else(|e| e.into_inner());
         let mut files = self.files()?;
@@ -104,7 +189,7 @@ impl LruCache {
     }
 
     pub fn forget(&self, id: &ObjectId) {
-        if let Ok(n) = self.dir.delete(id) {
+        if let Ok(n) = self.dir().delete(id) {
             self.used.fetch_sub(n.min(self.used()), Ordering::Relaxed);
         }
     }
@@ -116,6 +201,7 @@ impl LruCache {
         gen: u64,
         present: impl FnOnce() -> Result<HashSet<ObjectId>, ObjectError>,
     ) -> Result<usize, ObjectError> {
+        self.settle();
         let seen = fs::read_to_string(&self.gen_path).ok().and_then(|s| s.trim().parse::<u64>().ok());
         let mut dropped = 0;
         if seen != Some(gen) {
@@ -134,5 +220,43 @@ impl LruCache {
         }
         self.trusted.store(true, Ordering::Release);
         Ok(dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+
+    /// What is filled behind is seen whole by the cache's next reads (all of them, at once), counted once, and
+    /// bounded like any keep.
+    #[test]
+    fn a_fill_behind_is_whole_before_the_next_read_and_counted_once() {
+        let d = TempDir::new("fill");
+        let objects: Vec<(ObjectId, Bytes)> = (0..48u32)
+            .map(|k| {
+                let bytes: Vec<u8> = (0..(64u32 << 10)).map(|i| (i.wrapping_mul(2654435761) ^ k) as u8).collect();
+                (ObjectId::of(&bytes), Bytes::from(bytes))
+            })
+            .collect();
+        let total: u64 = objects.iter().map(|(_, b)| b.len() as u64).sum();
+        let cache = Arc::new(LruCache::open(d.0.clone(), None).unwrap());
+        cache.fill_behind(objects.clone());
+        cache.fill_behind(objects[..16].to_vec()); // a second restore's copies of the same objects
+        let seen: Vec<u64> = std::thread::scope(|sc| {
+            let readers: Vec<_> = (0..3).map(|_| sc.spawn(|| cache.used())).collect();
+            readers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert_eq!(seen, [total; 3], "every reader waits for the fills started before it, not only the first");
+        assert_eq!(cache.dir().list().unwrap().len(), objects.len(), "each object counted once");
+        for (id, bytes) in &objects {
+            assert_eq!(cache.dir().get(id).unwrap().as_deref(), Some(&bytes[..]));
+        }
+
+        let bounded = Arc::new(LruCache::open(d.0.join("bounded"), Some(total / 2)).unwrap());
+        bounded.fill_behind(objects);
+        assert!(bounded.used() <= total / 2, "a fill evicts like any keep: {} of {}", bounded.used(), total / 2);
+        let held: u64 = bounded.dir().list().unwrap().iter().map(|id| bounded.dir().mtime(id).unwrap().unwrap().1).sum();
+        assert_eq!(bounded.used(), held);
     }
 }

@@ -47,7 +47,7 @@ fn both_saved_by_a(tag: &str) -> (Arc<InMemory>, TempDir, Machine) {
 
 /// Temp files left in a cache's object directory (a staged copy not renamed nor removed).
 fn temp_files(m: &Machine) -> usize {
-    m.cat.cache.dir.stale_temp(std::time::Duration::ZERO).unwrap()
+    m.cat.cache.dir().stale_temp(std::time::Duration::ZERO).unwrap()
 }
 
 fn restore(m: &Machine, name: &str, out: &Path) -> crate::error::Result<Vec<u8>> {
@@ -77,7 +77,7 @@ fn a_cold_restore_keeps_what_matched_and_the_next_reads_the_cache_alone() {
         }
         assert_eq!(temp_files(&b), 0, "{file}: a staged copy was left behind");
     }
-    let stored: u64 = b.cat.cache.dir.list().unwrap().iter().map(|id| b.cat.cache.dir.mtime(id).unwrap().unwrap().1).sum();
+    let stored: u64 = b.cat.cache.dir().list().unwrap().iter().map(|id| b.cat.cache.dir().mtime(id).unwrap().unwrap().1).sum();
     assert_eq!(b.cat.cache.used(), stored, "the cache counts what it holds");
     for meta in a.cat.bucket.list("packs").unwrap() {
         a.cat.bucket.delete(&meta.rel).unwrap();
@@ -118,7 +118,7 @@ fn a_bad_object_in_the_bucket_is_never_kept_and_a_save_repairs_it() {
     let e = restore(&b, "p", &out).unwrap_err().to_string();
     assert!(e.contains(&bad.to_string()) && e.contains("hash mismatch"), "{e}");
     assert!(!out.exists(), "a failed restore wrote its file");
-    assert!(b.cat.cache.dir.list().unwrap().iter().all(|id| !ids.contains(id)), "a restore that failed kept objects");
+    assert!(b.cat.cache.dir().list().unwrap().iter().all(|id| !ids.contains(id)), "a restore that failed kept objects");
     assert_eq!(temp_files(&b), 0);
     assert_eq!(a.cat.bucket.list("quarantine").unwrap().len(), 1, "the bad copy is kept aside");
     assert!(located(&b.cat.objects, &bad).is_none(), "the bad copy left its pack");
@@ -146,8 +146,8 @@ fn a_rotten_cache_copy_is_found_by_the_warm_restore_and_read_again_from_the_buck
         assert!(restore(&b, file, &out).unwrap() == state_file(file));
         std::fs::remove_file(&out).unwrap();
         let ids = objects_of(&a, file);
-        let bad = *ids.iter().max_by_key(|id| std::fs::metadata(b.cat.cache.dir.path_of(id)).unwrap().len()).unwrap();
-        let path = b.cat.cache.dir.path_of(&bad);
+        let bad = *ids.iter().max_by_key(|id| std::fs::metadata(b.cat.cache.dir().path_of(id)).unwrap().len()).unwrap();
+        let path = b.cat.cache.dir().path_of(&bad);
         let mut bytes = std::fs::read(&path).unwrap();
         assert!(codec::is_raw_file(&bytes[..codec::HEADER_LEN].try_into().unwrap(), bytes.len() as u64), "{file}");
         let mid = bytes.len() / 2;
@@ -190,8 +190,8 @@ fn restores_in_flight_of_one_cold_state_keep_each_object_once() {
             r.join().unwrap();
         }
     });
-    let held = b.cat.cache.dir.list().unwrap();
-    let stored: u64 = held.iter().map(|id| b.cat.cache.dir.mtime(id).unwrap().unwrap().1).sum();
+    let held = b.cat.cache.dir().list().unwrap();
+    let stored: u64 = held.iter().map(|id| b.cat.cache.dir().mtime(id).unwrap().unwrap().1).sum();
     assert_eq!(b.cat.cache.used(), stored, "an object kept twice was counted twice");
     assert_eq!(temp_files(&b), 0);
     for id in objects_of(&a, "p") {
@@ -386,12 +386,12 @@ fn wrong_places_in_a_record_cost_a_read_again_and_nothing_else() {
             }
             assert!(a.cat.bucket.list("quarantine").unwrap().is_empty(), "{file}: a good object was quarantined");
             // What the cache kept is right: restored again with the bucket's packs out of reach, byte-exact.
-            let held = b.cat.cache.dir.list().unwrap();
+            let held = b.cat.cache.dir().list().unwrap();
             assert!(objects_of(&a, file).iter().all(|id| held.contains(id)), "{file}: not kept");
             let dc = TempDir::new("wpc");
             let c = machine(&mem, &dc, None, quick());
             for id in &held {
-                let kept = b.cat.cache.dir.get(id).unwrap().unwrap();
+                let kept = b.cat.cache.dir().get(id).unwrap().unwrap();
                 assert!(c.cat.objects.get(id).unwrap() == Some(kept), "{file}: {id} kept wrong");
             }
         }
@@ -485,10 +485,10 @@ fn a_bad_transfer_is_read_again_and_quarantines_nothing() {
             }
             assert_eq!(garbling.garble.load(std::sync::atomic::Ordering::SeqCst), 0, "{file}: nothing was garbled");
             assert!(a.cat.bucket.list("quarantine").unwrap().is_empty(), "{file}: a good object was quarantined");
-            let held = b.cat.cache.dir.list().unwrap();
+            let held = b.cat.cache.dir().list().unwrap();
             assert!(objects_of(&a, file).iter().all(|id| held.contains(id)), "{file}: not kept");
             for id in &held {
-                assert!(a.cat.objects.get(id).unwrap() == b.cat.cache.dir.get(id).unwrap(), "{file}: {id} kept wrong");
+                assert!(a.cat.objects.get(id).unwrap() == b.cat.cache.dir().get(id).unwrap(), "{file}: {id} kept wrong");
             }
         }
     }

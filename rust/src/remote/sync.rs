@@ -122,7 +122,7 @@ pub fn sync(c: &Mirror, namespace: Option<&str>) -> Result<SyncReport> {
             manifests.insert(*id, (m, got.bytes));
         }
     }
-    c.cached.keep_fetched(&from_bucket);
+    c.cached.keep_fetched(from_bucket);
 
     let mut report = SyncReport { names: listed.len(), manifests_fetched: need.len(), ..Default::default() };
     let listed_set: HashSet<(&str, &str)> = listed.iter().map(|(ns, n, _)| (ns.as_str(), n.as_str())).collect();

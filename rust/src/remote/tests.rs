@@ -65,7 +65,7 @@ fn saved_on_a_is_read_and_found_on_b() {
     let info = b.get("user", "").unwrap().unwrap();
     assert_eq!(info.manifest_id, r.manifest_id);
     assert_eq!(load(&b, "user").manifest.tokens, toks);
-    assert_eq!(b.cat.cache.dir.list().unwrap().len(), 7); // manifest, skeleton, 5 blocks
+    assert_eq!(b.cat.cache.dir().list().unwrap().len(), 7); // manifest, skeleton, 5 blocks
     let hit = b.lookup(&toks[..70], "", &f).unwrap().unwrap();
     assert_eq!((hit.name.as_str(), hit.n_common), ("user", 70));
     assert_eq!(b.list(None).unwrap().len(), 1);
@@ -196,7 +196,7 @@ fn cache_is_bounded_and_rebuildable() {
     }
     let cache = &a.cat.cache;
     assert!(cache.used() <= 1500, "{}", cache.used());
-    assert!(cache.dir.list().unwrap().len() < 6 * 6);
+    assert!(cache.dir().list().unwrap().len() < 6 * 6);
     for k in 0..6 {
         assert_eq!(load(&a, &format!("s{k}")).manifest.n_tokens, 64); // evicted ones come back from the bucket
     }

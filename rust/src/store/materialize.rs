@@ -11,7 +11,7 @@
 //! That check is what verifies the objects on this path (each is decoded, not hashed again:
 //! `ObjectStore::get_for_file_hash`); on a mismatch every object is read again hashed, so the bad one is found,
 //! quarantined and named in the error, as on any other read. What a bucket store fetched goes to its cache
-//! only once verified: staged beside the write, kept when the file hash matched (`Backend::stage`, `keep`).
+//! only once verified: when the file hash matched, written behind the restore (`Backend::keep_fetched`).
 //! A materialized file never names an older state than the name's record: a bucket store's name whose state
 //! this machine already holds is written while the record is read, and put in place only if the record
 //! names that state (else dropped unseen, and the record's state restored).
@@ -31,7 +31,7 @@ use crate::format::{self, EmitOptions};
 use crate::id::ObjectId;
 use crate::manifest::{check_expect, Fingerprint, Manifest};
 use crate::objects::atomic::{write_unpublished, Unpublished, FILE_TEMP};
-use crate::objects::{Fetched, ObjectError, Part, Staged};
+use crate::objects::{Fetched, ObjectError, Part};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MaterializeReport {
@@ -154,7 +154,7 @@ impl Store {
             fetched: match check {
                 Check::FileHash => fetched,
                 Check::EachObject => {
-                    self.objects.keep_fetched(&fetched); // each object was hashed as it was read
+                    self.objects.keep_fetched(fetched); // each object was hashed as it was read
                     Fetched::default()
                 }
             },
@@ -166,14 +166,14 @@ impl Store {
     /// Rebuild a state's slot file in memory. Byte-exact (and checked against the stored file hash) unless
     /// `n_stream` asks for another stream count than the saved one.
     pub fn rebuild(&self, target: &Target, expect: Option<&Fingerprint>, n_stream: Option<u32>) -> Result<(Loaded, Vec<u8>)> {
-        let loaded = self.load_checked(target, None, expect, Check::FileHash, n_stream, false)?;
+        let mut loaded = self.load_checked(target, None, expect, Check::FileHash, n_stream, false)?;
         let file = recompose_loaded(&loaded, n_stream);
         if loaded.hashed_each {
             return Ok((loaded, file?)); // not byte-exact: its objects were hashed, there is no file hash
         }
         if let Ok(file) = file {
             if check_file_hash(target, &loaded, &[&file]).is_ok() {
-                self.objects.keep_fetched(&loaded.fetched); // the rebuilt file's hash matched
+                self.objects.keep_fetched(std::mem::take(&mut loaded.fetched)); // the rebuilt file's hash matched
                 return Ok((loaded, file));
             }
         }
@@ -252,14 +252,13 @@ impl Store {
         durable: bool,
     ) -> Result<Written> {
         let loaded = self.load_checked(target, held, expect, Check::FileHash, n_stream, true)?;
-        let (written, staged) = self.write_staging(target, out_path, durable, &loaded, n_stream);
-        match written {
-            Ok(Some((file, file_bytes))) => Ok(Written { loaded, file, file_bytes, staged }),
+        match write_checked(target, out_path, durable, &loaded, n_stream) {
+            Ok(Some((file, file_bytes))) => Ok(Written { loaded, file, file_bytes }),
             Ok(None) => {
                 self.give_back(loaded);
                 let loaded = self.load_checked(target, held, expect, Check::EachObject, n_stream, false)?;
                 match write_checked(target, out_path, durable, &loaded, n_stream)? {
-                    Some((file, file_bytes)) => Ok(Written { loaded, file, file_bytes, staged: Staged::default() }),
+                    Some((file, file_bytes)) => Ok(Written { loaded, file, file_bytes }),
                     None => Err(mismatch(target, &loaded)),
                 }
             }
@@ -270,14 +269,15 @@ impl Store {
         }
     }
 
-    /// Rename a written file into place, keep what the read fetched (verified by the file hash), report.
+    /// Rename a written file into place, report, and keep what the read fetched (verified by the file hash)
+    /// behind the caller: the restore does not wait for a second write of the bytes it fetched.
     fn publish(&self, w: Written, t0: Instant) -> Result<MaterializeReport> {
-        let Written { loaded, file, file_bytes, staged } = w;
+        let Written { mut loaded, file, file_bytes } = w;
         if let Err(e) = file.publish() {
             self.give_back(loaded);
             return Err(e.into());
         }
-        self.objects.backend().keep(staged);
+        self.objects.keep_fetched(std::mem::take(&mut loaded.fetched));
         let report = MaterializeReport {
             manifest_id: loaded.manifest_id.hex(),
             n_tokens: loaded.manifest.n_tokens,
@@ -293,28 +293,6 @@ impl Store {
         };
         self.give_back(loaded);
         Ok(report)
-    }
-
-    /// `write_checked`, and beside it what the read fetched staged where the backend keeps it (a bucket
-    /// store's cache: its own write, on a thread of its own, overlaps the restore's; it is kept only if the
-    /// file hash matched).
-    fn write_staging(
-        &self,
-        target: &Target,
-        out_path: &Path,
-        durable: bool,
-        loaded: &Loaded,
-        n_stream: Option<u32>,
-    ) -> (Result<Option<(Unpublished, u64)>>, Staged) {
-        if loaded.fetched.is_empty() {
-            return (write_checked(target, out_path, durable, loaded, n_stream), Staged::default());
-        }
-        let backend = self.objects.backend();
-        std::thread::scope(|sc| {
-            let staging = sc.spawn(|| backend.stage(&loaded.fetched));
-            let written = write_checked(target, out_path, durable, loaded, n_stream);
-            (written, staging.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-        })
     }
 
     /// The parts' buffers are kept for the next restore.
@@ -374,12 +352,11 @@ fn write_checked(
     }
 }
 
-/// A state's file written and checked, not yet in place, with what its read used and staged.
+/// A state's file written and checked, not yet in place, with what its read used.
 struct Written {
     loaded: Loaded,
     file: Unpublished,
     file_bytes: u64,
-    staged: Staged,
 }
 
 /// How a rebuild's objects are verified.
