@@ -100,6 +100,17 @@ def test_open_store_refuses_bad_locations_before_creating_anything(tmp_path, mon
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("value", ["lots", "0", "-8", "4096"])
+def test_a_bad_range_size_is_refused_before_anything_is_made(tmp_path, monkeypatch, value):
+    from kvstore import _core
+
+    monkeypatch.setenv("KVSTORE_S3_RANGE_MIB", value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(_core.KvStoreError, match=f"KVSTORE_S3_RANGE_MIB={value} must be a number of MiB"):
+        _core.Store("s3://abc/x", cache=str(tmp_path / "c"))
+    assert not (tmp_path / "c").exists()
+
+
 def _kv(*args, env=None):
     e = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "kvstore.cli", *map(str, args)], capture_output=True, text=True,

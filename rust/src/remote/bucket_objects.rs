@@ -38,10 +38,6 @@ use crate::objects::{Backend, ObjectError, Stamped};
 
 /// A save's objects go up in packs of about this many bytes (several upload at once).
 pub const PACK_TARGET: usize = 16 << 20;
-/// A read of many objects asks for ranges of at least this many bytes ...
-const RANGE_MIN: u64 = 1 << 20;
-/// ... and at most this many, so that a state is read by about `PARALLEL` requests at once.
-const RANGE_MAX: u64 = 8 << 20;
 /// Wanted objects of one pack this close together are read in one range (the gap is read and dropped).
 const RANGE_GAP: u64 = 64 << 10;
 /// A miss re-lists the packs at most this often (another machine may have saved the object meanwhile).
@@ -228,7 +224,7 @@ impl BucketObjects {
     /// range was not there (a pack deleted or rewritten since it was listed).
     fn read_spans(&self, wanted: Vec<(ObjectId, usize, Entry)>, out: &mut [Option<Bytes>]) -> Result<Vec<usize>, ObjectError> {
         let b = &*self.bucket;
-        let got = b.run_all(plan_spans(wanted), PARALLEL, |s| async move {
+        let got = b.run_all(plan_spans(wanted, b.range_bytes()), PARALLEL, |s| async move {
             let bytes = b.get_range_async(&pack_key(&s.pack), s.start..s.end).await?;
             Ok((s, bytes))
         })?;
@@ -378,10 +374,11 @@ impl BucketObjects {
 }
 
 /// Ranged GETs for these (pack, slot, entry)s: adjacent entries of one pack are merged while the gap between
-/// them is at most `RANGE_GAP`, and a span is closed at a size that spreads the bytes over `PARALLEL` requests.
-fn plan_spans(mut wanted: Vec<(ObjectId, usize, Entry)>) -> Vec<Span> {
+/// them is at most `RANGE_GAP`, and a span is closed at a size that spreads the bytes over `PARALLEL` requests,
+/// but not below `range_min` (`Bucket::range_bytes`) nor above twice that.
+fn plan_spans(mut wanted: Vec<(ObjectId, usize, Entry)>, range_min: u64) -> Vec<Span> {
     let total: u64 = wanted.iter().map(|(_, _, e)| e.len as u64).sum();
-    let cap = (total / PARALLEL as u64).clamp(RANGE_MIN, RANGE_MAX);
+    let cap = (total / PARALLEL as u64).clamp(range_min, 2 * range_min);
     wanted.sort_by_key(|(p, _, e)| (p.0, e.offset));
     let mut spans: Vec<Span> = Vec::new();
     for (pack, k, e) in wanted {
@@ -497,4 +494,37 @@ pub fn packs_of(objects: &BucketObjects, ids: &[ObjectId]) -> std::collections::
 #[cfg(test)]
 pub fn located(objects: &BucketObjects, id: &ObjectId) -> Option<(String, u64, u64)> {
     objects.packs.locate(id).map(|l| (pack_key(&l.pack), l.entry.offset, l.entry.len as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::client::RANGE_BYTES;
+    use super::*;
+
+    /// A 15.6 MB state in one pack (24 objects of 650 KB, back to back) and a few of another: ranges of at
+    /// least the asked size and at most twice it, each object read once, in one range of its own pack, with a
+    /// gap above `RANGE_GAP` never read.
+    #[test]
+    fn a_restore_reads_few_large_ranges() {
+        let (p, q) = (ObjectId::of(b"pack p"), ObjectId::of(b"pack q"));
+        let mut wanted: Vec<(ObjectId, usize, Entry)> = (0..24u64)
+            .map(|k| (p, k as usize, Entry { id: ObjectId::of(&k.to_le_bytes()), offset: k * 650_000, len: 650_000 }))
+            .collect();
+        wanted.push((q, 24, Entry { id: ObjectId::of(b"q0"), offset: 0, len: 1000 }));
+        wanted.push((q, 25, Entry { id: ObjectId::of(b"q1"), offset: 1000 + RANGE_GAP + 1, len: 1000 }));
+        wanted.reverse(); // in any order
+        for (range_min, ranges_of_p) in [(RANGE_BYTES, 2), (1 << 20, 12)] {
+            let spans = plan_spans(wanted.clone(), range_min);
+            let of_p: Vec<&Span> = spans.iter().filter(|s| s.pack == p).collect();
+            assert_eq!(of_p.len(), ranges_of_p, "range_min {range_min}");
+            assert!(of_p.iter().all(|s| s.end - s.start <= 2 * range_min), "range_min {range_min}");
+            assert_eq!(spans.iter().filter(|s| s.pack == q).count(), 2, "a gap above RANGE_GAP is not read");
+            let mut slots: Vec<usize> = spans.iter().flat_map(|s| s.parts.iter().map(|(k, _)| *k)).collect();
+            slots.sort();
+            assert_eq!(slots, (0..26).collect::<Vec<_>>(), "each object once");
+            for s in &spans {
+                assert!(s.parts.iter().all(|(_, e)| e.offset >= s.start && e.offset + e.len as u64 <= s.end));
+            }
+        }
+    }
 }

@@ -21,6 +21,12 @@ use super::url::BucketUrl;
 
 /// Requests in flight for a batch of uploads, downloads or deletes (`Bucket::run_all`'s usual limit).
 pub const PARALLEL: usize = 16;
+/// The least bytes one ranged GET of a restore asks for, unless set otherwise (`KVSTORE_S3_RANGE_MIB`). Why 8
+/// MiB: AWS's S3 performance guidelines name 8 or 16 MB as typical byte-range sizes, and SeaweedFS, measured
+/// here (a 13.6 MB pack on loopback), serves 2 ranges of ~8 MiB in 8.5-11 ms and 11 ranges of ~1.3 MB in
+/// 18-19 ms (a whole GET: 10 ms): it reads whole chunks for a range, so small ones cost it several times
+/// their bytes. A client far from its bucket with small states may want smaller ones, for more in flight.
+pub const RANGE_BYTES: u64 = 8 << 20;
 
 /// What a listing or a head tells about one key.
 #[derive(Debug, Clone)]
@@ -39,6 +45,7 @@ pub struct Bucket {
     url: String,
     rt: tokio::runtime::Runtime,
     requests: Requests,
+    range_bytes: u64,
 }
 
 /// Requests sent so far, by kind (a listing counts once, however many pages it reads): what a restore or a
@@ -66,7 +73,17 @@ impl Bucket {
             .enable_all()
             .build()
             .map_err(|e| RemoteError::Invalid { url: url.display(), detail: format!("starting the I/O runtime: {e}") })?;
-        Ok(Bucket { store, prefix: url.prefix.clone(), url: url.display(), rt, requests: Requests::default() })
+        Ok(Bucket { store, prefix: url.prefix.clone(), url: url.display(), rt, requests: Requests::default(), range_bytes: RANGE_BYTES })
+    }
+
+    /// The least bytes a restore's ranged GET asks for (`RANGE_BYTES` unless set).
+    pub fn with_range_bytes(mut self, bytes: u64) -> Bucket {
+        self.range_bytes = bytes.max(1);
+        self
+    }
+
+    pub fn range_bytes(&self) -> u64 {
+        self.range_bytes
     }
 
     pub fn url(&self) -> &str {

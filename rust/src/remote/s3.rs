@@ -5,7 +5,8 @@
 //! no credentials → unsigned (anonymous) requests and no instance-metadata lookup. Plain HTTP only to a loopback
 //! endpoint or with `AWS_ALLOW_HTTP=true`. Timeouts and retries are bounded (connect 2 s, request 30 s —
 //! `KVSTORE_S3_TIMEOUT` seconds overrides it — 2 retries within 10 s), so a dead endpoint is
-//! `RemoteError::Unavailable` in seconds, never a hang. Conditional puts on ETag are enabled.
+//! `RemoteError::Unavailable` in seconds, never a hang. Conditional puts on ETag are enabled. A restore's ranged
+//! GETs ask for at least `KVSTORE_S3_RANGE_MIB` (default 8; `client::RANGE_BYTES`); a bad value is refused.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
-use super::client::Bucket;
+use super::client::{Bucket, RANGE_BYTES};
 use super::error::RemoteError;
 use super::url::BucketUrl;
 
@@ -69,6 +70,13 @@ pub fn client(url: &BucketUrl) -> Result<Bucket, RemoteError> {
         // Anonymous: no signature (and no instance-metadata lookup, which would stall outside a cloud).
         _ => b = b.with_skip_signature(true),
     }
+    let range_bytes = match env("KVSTORE_S3_RANGE_MIB") {
+        None => RANGE_BYTES,
+        Some(v) => match v.parse::<f64>() {
+            Ok(mib) if (1.0 / 16.0..=1024.0).contains(&mib) => (mib * (1u64 << 20) as f64) as u64,
+            _ => return Err(bad(format!("KVSTORE_S3_RANGE_MIB={v} must be a number of MiB from 0.0625 to 1024"))),
+        },
+    };
     let store = b.build().map_err(|e| bad(e.to_string()))?;
-    Bucket::new(Arc::new(store), url)
+    Ok(Bucket::new(Arc::new(store), url)?.with_range_bytes(range_bytes))
 }
