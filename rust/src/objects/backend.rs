@@ -192,6 +192,11 @@ pub trait Backend: Send + Sync {
     fn keep_fetched(&self, _fetched: Fetched) {}
     /// Wait for what this backend does behind its callers (a cache's fills); nothing for most.
     fn settle(&self) {}
+    /// The encoded bytes of `id` if this backend holds them in memory on their way to its files (a cache being
+    /// filled behind a restore: verified when fetched); a reader uses them as it would a fetched copy.
+    fn in_memory(&self, _id: &ObjectId) -> Option<Bytes> {
+        None
+    }
     /// The bytes `get_into` just returned for `id` passed the hash check (a cache keeps them only then).
     fn verified(&self, _id: &ObjectId, _encoded: &[u8]) {}
     /// Where `id` lies as a plain file, for a backend that keeps objects so (a raw object is then mapped, not

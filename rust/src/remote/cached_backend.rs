@@ -67,8 +67,13 @@ impl Backend for CachedBackend {
 
     fn get_into(&self, id: &ObjectId, buf: &mut Vec<u8>) -> Result<bool, ObjectError> {
         FROM_BUCKET.with(|c| c.set(None));
-        if self.cache.dir().get_into(id, buf)? {
-            let _ = self.cache.dir().touch(id); // least recently used = oldest mtime
+        if let Some(filling) = self.cache.filling(id) {
+            buf.clear();
+            buf.extend_from_slice(&filling);
+            return Ok(true);
+        }
+        if self.cache.dir_for(id).get_into(id, buf)? {
+            let _ = self.cache.dir_for(id).touch(id); // least recently used = oldest mtime
             return Ok(true);
         }
         self.bucket_reads.fetch_add(1, Ordering::AcqRel);
@@ -118,9 +123,17 @@ impl Backend for CachedBackend {
         self.cache.settle();
     }
 
-    /// A cached copy is a plain file (a raw one is mapped by a restore, and checked by its file hash).
+    /// A cached copy is a plain file (a raw one is mapped by a restore, and checked by its file hash), once its
+    /// fill wrote it; before that it is `in_memory`.
     fn local_file(&self, id: &ObjectId) -> Option<PathBuf> {
-        Some(self.cache.dir().path_of(id))
+        match self.cache.filling(id) {
+            Some(_) => None,
+            None => Some(self.cache.dir_for(id).path_of(id)),
+        }
+    }
+
+    fn in_memory(&self, id: &ObjectId) -> Option<bytes::Bytes> {
+        self.cache.filling(id)
     }
 
     fn exists(&self, id: &ObjectId) -> Result<bool, ObjectError> {
@@ -172,7 +185,7 @@ impl Backend for CachedBackend {
     /// generation (the save's shared lock keeps a gc out until its name is committed); else a HEAD.
     fn touch(&self, id: &ObjectId) -> Result<Option<u64>, ObjectError> {
         if self.cache.trusted.load(Ordering::Acquire) {
-            if let Some(len) = self.cache.dir().touch(id)? {
+            if let Some(len) = self.cache.dir_for(id).touch(id)? {
                 return Ok(Some(len));
             }
         }

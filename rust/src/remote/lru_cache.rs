@@ -7,16 +7,18 @@
 //! here lists the bucket once and drops cached objects the gc deleted.
 //!
 //! A restore's fetched objects are written behind it (`fill_behind`, on a thread of its own, once the restore
-//! verified them), so the restore returns without waiting for a second write of the bytes it fetched. Every
-//! way in that reads or changes the cache (`dir()`, `holds`, `keep`, `forget`, `evict`, `revalidate`, `used`)
-//! first waits for the fills started before it (`settle`): the cache is never seen half-filled by a later
-//! step of the same process. The fill itself uses the fields, never those ways in (it must not wait on itself).
+//! verified them), so the restore returns without waiting for a second write of the bytes it fetched. Until a
+//! fill's object is on disk its bytes are held in memory (`filling`): a read of it uses them (`holds` counts
+//! it), so a restore never waits for a fill. A way in that changes one object (`dir_for`, `keep`, `forget`)
+//! first waits for a fill that holds that object (`settle_for`); a way in about the whole cache (`dir()`,
+//! `evict`, `revalidate`, `used`) waits for every fill started before it (`settle`). So the cache is never seen
+//! half-filled by a later step of the same process. The fill itself uses the fields, never those ways in (it
+//! must not wait on itself).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::SystemTime;
 
@@ -41,17 +43,27 @@ pub struct LruCache {
 struct Fills {
     started: u64,
     running: BTreeSet<u64>,
+    /// The objects of the running fills, each with the last fill that holds it and its encoded bytes.
+    pending: HashMap<ObjectId, (u64, Bytes)>,
 }
 
 /// A running fill: when it ends, or its thread panics or never starts, it is no longer waited for.
 struct Ticket {
     cache: Arc<LruCache>,
     k: u64,
+    ids: Vec<ObjectId>,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.cache.fills.lock().unwrap_or_else(|e| e.into_inner()).running.remove(&self.k);
+        let mut fills = self.cache.fills.lock().unwrap_or_else(|e| e.into_inner());
+        fills.running.remove(&self.k);
+        for id in &self.ids {
+            if fills.pending.get(id).is_some_and(|(k, _)| *k == self.k) {
+                fills.pending.remove(id);
+            }
+        }
+        drop(fills);
         self.cache.fill_done.notify_all();
     }
 }
@@ -84,6 +96,25 @@ impl LruCache {
         &self.dir
     }
 
+    /// The cache's directory for a use of `id` alone, once no running fill holds `id`.
+    pub fn dir_for(&self, id: &ObjectId) -> &LocalDir {
+        self.settle_for(id);
+        &self.dir
+    }
+
+    /// The encoded bytes of `id` while a running fill holds it (verified, not yet on disk).
+    pub fn filling(&self, id: &ObjectId) -> Option<Bytes> {
+        self.fills.lock().unwrap_or_else(|e| e.into_inner()).pending.get(id).map(|(_, bytes)| bytes.clone())
+    }
+
+    /// Wait until no running fill holds `id`.
+    pub fn settle_for(&self, id: &ObjectId) {
+        let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
+        while fills.pending.contains_key(id) {
+            fills = self.fill_done.wait(fills).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// Wait for the fills started before this call (`fill_behind`), whoever else waits too.
     pub fn settle(&self) {
         let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
@@ -104,7 +135,9 @@ impl LruCache {
             let k = fills.started;
             fills.started += 1;
             fills.running.insert(k);
-            Ticket { cache: Arc::clone(self), k }
+            let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
+            fills.pending.extend(objects.iter().map(|(id, bytes)| (*id, (k, bytes.clone()))));
+            Ticket { cache: Arc::clone(self), k, ids }
         };
         let fill = move || {
             let cache = &ticket.cache;
@@ -114,7 +147,7 @@ impl LruCache {
                     added += encoded.len() as u64;
                 }
             }
-            cache.add_used(added);
+            cache.added(added);
         };
         // No thread to be had: nothing is kept (the ticket is dropped with the closure), the objects stay in the
         // bucket and are read from there next time.
@@ -138,24 +171,21 @@ impl LruCache {
         Ok(out)
     }
 
+    /// Whether `id` is cached: on disk, or held by a running fill (`filling`; its file is written before the
+    /// fill lets go of it, so one of the two is always seen).
     pub fn holds(&self, id: &ObjectId) -> bool {
-        self.dir().path_of(id).is_file()
+        self.filling(id).is_some() || self.dir.path_of(id).is_file()
     }
 
     /// Keep an object's encoded bytes (errors are not the caller's: the bucket has it).
     pub fn keep(&self, id: &ObjectId, encoded: &[u8]) {
-        if self.dir().put_new(id, encoded).unwrap_or(false) {
+        if self.dir_for(id).put_new(id, encoded).unwrap_or(false) {
             self.added(encoded.len() as u64);
         }
     }
 
-    /// `n` more bytes are cached (written by the caller into `dir()`).
+    /// `n` more bytes are cached (written by the caller).
     pub fn added(&self, n: u64) {
-        self.settle();
-        self.add_used(n);
-    }
-
-    fn add_used(&self, n: u64) {
         let used = self.used.fetch_add(n, Ordering::Relaxed) + n;
         if self.limit.is_some_and(|l| used > l) {
             let _ = self.evict_now();
@@ -189,8 +219,8 @@ impl LruCache {
     }
 
     pub fn forget(&self, id: &ObjectId) {
-        if let Ok(n) = self.dir().delete(id) {
-            self.used.fetch_sub(n.min(self.used()), Ordering::Relaxed);
+        if let Ok(n) = self.dir_for(id).delete(id) {
+            let _ = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u - n.min(u)));
         }
     }
 
@@ -243,6 +273,11 @@ mod tests {
         let cache = Arc::new(LruCache::open(d.0.clone(), None).unwrap());
         cache.fill_behind(objects.clone());
         cache.fill_behind(objects[..16].to_vec()); // a second restore's copies of the same objects
+        let (last, bytes) = &objects[objects.len() - 1];
+        assert!(cache.holds(last), "an object being filled is held: in memory, then on disk");
+        assert!(cache.filling(last).is_none_or(|b| b == *bytes), "what a fill holds in memory is its bytes");
+        assert_eq!(cache.dir_for(last).get(last).unwrap().as_deref(), Some(&bytes[..]), "dir_for waits for the file");
+        assert!(cache.filling(last).is_none(), "a written object is no longer held in memory");
         let seen: Vec<u64> = std::thread::scope(|sc| {
             let readers: Vec<_> = (0..3).map(|_| sc.spawn(|| cache.used())).collect();
             readers.into_iter().map(|r| r.join().unwrap()).collect()
