@@ -15,15 +15,16 @@
 //! half-filled by a later step of the same process. The fill itself uses the fields, never those ways in (it
 //! must not wait on itself).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use bytes::Bytes;
 
+use super::fills::Fills;
 use crate::id::ObjectId;
 use crate::objects::{Backend, LocalDir, ObjectError};
 
@@ -32,40 +33,10 @@ pub struct LruCache {
     limit: Option<u64>,
     used: AtomicU64,
     evicting: Mutex<()>,
-    /// Fills started by `fill_behind`, by number, and those still running; `fill_done` is told when one ends.
-    fills: Mutex<Fills>,
-    fill_done: Condvar,
+    /// What `fill_behind` is writing (`fills.rs`).
+    fills: Arc<Fills>,
     gen_path: PathBuf,
     pub(super) trusted: AtomicBool,
-}
-
-#[derive(Default)]
-struct Fills {
-    started: u64,
-    running: BTreeSet<u64>,
-    /// The objects of the running fills, each with the last fill that holds it and its encoded bytes.
-    pending: HashMap<ObjectId, (u64, Bytes)>,
-}
-
-/// A running fill: when it ends, or its thread panics or never starts, it is no longer waited for.
-struct Ticket {
-    cache: Arc<LruCache>,
-    k: u64,
-    ids: Vec<ObjectId>,
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        let mut fills = self.cache.fills.lock().unwrap_or_else(|e| e.into_inner());
-        fills.running.remove(&self.k);
-        for id in &self.ids {
-            if fills.pending.get(id).is_some_and(|(k, _)| *k == self.k) {
-                fills.pending.remove(id);
-            }
-        }
-        drop(fills);
-        self.cache.fill_done.notify_all();
-    }
 }
 
 impl LruCache {
@@ -76,8 +47,7 @@ impl LruCache {
             limit,
             used: AtomicU64::new(0),
             evicting: Mutex::new(()),
-            fills: Mutex::new(Fills::default()),
-            fill_done: Condvar::new(),
+            fills: Arc::default(),
             gen_path: root.join("gc-generation"),
             trusted: AtomicBool::new(false),
         };
@@ -104,24 +74,17 @@ impl LruCache {
 
     /// The encoded bytes of `id` while a running fill holds it (verified, not yet on disk).
     pub fn filling(&self, id: &ObjectId) -> Option<Bytes> {
-        self.fills.lock().unwrap_or_else(|e| e.into_inner()).pending.get(id).map(|(_, bytes)| bytes.clone())
+        self.fills.bytes_of(id)
     }
 
     /// Wait until no running fill holds `id`.
     pub fn settle_for(&self, id: &ObjectId) {
-        let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
-        while fills.pending.contains_key(id) {
-            fills = self.fill_done.wait(fills).unwrap_or_else(|e| e.into_inner());
-        }
+        self.fills.settle_for(id)
     }
 
     /// Wait for the fills started before this call (`fill_behind`), whoever else waits too.
     pub fn settle(&self) {
-        let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
-        let upto = fills.started;
-        while fills.running.first().is_some_and(|&k| k < upto) {
-            fills = self.fill_done.wait(fills).unwrap_or_else(|e| e.into_inner());
-        }
+        self.fills.settle()
     }
 
     /// Keep these verified objects (a restore's fetched copies) on a thread of its own; the caller goes on.
@@ -130,17 +93,10 @@ impl LruCache {
         if objects.is_empty() {
             return;
         }
-        let ticket = {
-            let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
-            let k = fills.started;
-            fills.started += 1;
-            fills.running.insert(k);
-            let ids: Vec<ObjectId> = objects.iter().map(|(id, _)| *id).collect();
-            fills.pending.extend(objects.iter().map(|(id, bytes)| (*id, (k, bytes.clone()))));
-            Ticket { cache: Arc::clone(self), k, ids }
-        };
-        let fill = move || {
-            let cache = &ticket.cache;
+        let fill = self.fills.begin(&objects);
+        let cache = Arc::clone(self);
+        let write = move || {
+            let _fill = fill; // ends once the files are written (or the thread is gone)
             let mut added = 0;
             for (id, encoded) in objects {
                 if cache.dir.put_new(&id, &encoded).unwrap_or(false) {
@@ -149,9 +105,9 @@ impl LruCache {
             }
             cache.added(added);
         };
-        // No thread to be had: nothing is kept (the ticket is dropped with the closure), the objects stay in the
-        // bucket and are read from there next time.
-        let _ = std::thread::Builder::new().name("kvstore-cache-fill".into()).spawn(fill);
+        // No thread to be had: nothing is kept (the fill ends with the closure), the objects stay in the bucket
+        // and are read from there next time.
+        let _ = std::thread::Builder::new().name("kvstore-cache-fill".into()).spawn(write);
     }
 
     /// Bytes the cached objects occupy.

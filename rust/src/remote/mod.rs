@@ -15,6 +15,7 @@
 //! | `hints.rs` | `Hints`: the packs and object places name records just read named, tried by reads that miss |
 //! | `prune.rs` | the prune's plan: which packs are rewritten with what, which orphans are mended or deleted |
 //! | `bucket_objects.rs` | `BucketObjects`: objects in the bucket, packed, create-if-absent; the prune executed |
+//! | `fills.rs` | `Fills`: what the cache is writing behind its restores, their objects' bytes until on disk |
 //! | `lru_cache.rs` | `LruCache`: the local directory of cached objects (LRU bound, trust after a gc elsewhere) |
 //! | `cached_backend.rs` | `CachedBackend`: the `Backend` of a bucket behind the `LruCache` |
 //! | `names.rs` | name records, changed only by compare-and-swap |
@@ -40,6 +41,7 @@ mod cached_backend;
 mod catalog;
 mod client;
 mod error;
+mod fills;
 mod hints;
 mod keys;
 mod locks;
