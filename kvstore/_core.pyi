@@ -104,8 +104,9 @@ class Store:
         delete; a listing counts once); None for a local store. Sends none itself."""
     def settle(self) -> None:
         """Wait for what the store does behind its calls: a bucket store's restore returns once its file is in
-        place and verified, and writes what it fetched into its cache after that (any later call that reads the
-        cache waits for it). For a caller that times the two apart."""
+        place and verified, and writes what it fetched into its cache after that (a read of those objects
+        meanwhile takes them from memory; gc, stats and eviction wait for it). For a caller that times the two
+        apart."""
     def __new__(cls, location: str, *, cache: Optional[str] = None, cache_size: Optional[int] = None,
                 block_size: int = ..., level: int = 1, map_size_mib: int = 65536) -> Store:
         """`location`: a local directory, or `s3://bucket/prefix` (endpoint and credentials from the AWS_*

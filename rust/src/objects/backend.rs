@@ -187,8 +187,8 @@ pub trait Backend: Send + Sync {
         Ok(Fetched::default())
     }
     /// Keep what `fetch` brought, which the caller verified (its rejected copies are left out): a cache writes
-    /// it behind the caller, who does not wait; the cache's next read waits for it. A backend that holds its
-    /// objects already keeps nothing.
+    /// it behind the caller, who does not wait, and reads it from memory until then (`in_memory`). A backend
+    /// that holds its objects already keeps nothing.
     fn keep_fetched(&self, _fetched: Fetched) {}
     /// Wait for what this backend does behind its callers (a cache's fills); nothing for most.
     fn settle(&self) {}

@@ -62,8 +62,9 @@ impl PyStore {
     }
 
     /// Wait for what this store does behind its calls: a bucket store's restore returns once its file is in
-    /// place and verified, and writes what it fetched into the cache after that. Any later call that reads
-    /// the cache waits for it anyway; this is for a caller that times the two apart (the bench).
+    /// place and verified, and writes what it fetched into the cache after that (a read of those objects
+    /// meanwhile takes them from memory; gc, stats and eviction wait for it). For a caller that times the two
+    /// apart (the bench).
     fn settle(&self, py: Python<'_>) {
         py.detach(|| self.inner.objects().backend().settle());
     }

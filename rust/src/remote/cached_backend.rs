@@ -67,13 +67,7 @@ impl Backend for CachedBackend {
 
     fn get_into(&self, id: &ObjectId, buf: &mut Vec<u8>) -> Result<bool, ObjectError> {
         FROM_BUCKET.with(|c| c.set(None));
-        if let Some(filling) = self.cache.filling(id) {
-            buf.clear();
-            buf.extend_from_slice(&filling);
-            return Ok(true);
-        }
-        if self.cache.dir_for(id).get_into(id, buf)? {
-            let _ = self.cache.dir_for(id).touch(id); // least recently used = oldest mtime
+        if self.cache.get_into(id, buf)? {
             return Ok(true);
         }
         self.bucket_reads.fetch_add(1, Ordering::AcqRel);
@@ -126,10 +120,7 @@ impl Backend for CachedBackend {
     /// A cached copy is a plain file (a raw one is mapped by a restore, and checked by its file hash), once its
     /// fill wrote it; before that it is `in_memory`.
     fn local_file(&self, id: &ObjectId) -> Option<PathBuf> {
-        match self.cache.filling(id) {
-            Some(_) => None,
-            None => Some(self.cache.dir_for(id).path_of(id)),
-        }
+        self.cache.file_of(id)
     }
 
     fn in_memory(&self, id: &ObjectId) -> Option<bytes::Bytes> {

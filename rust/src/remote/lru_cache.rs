@@ -7,13 +7,13 @@
 //! here lists the bucket once and drops cached objects the gc deleted.
 //!
 //! A restore's fetched objects are written behind it (`fill_behind`, on a thread of its own, once the restore
-//! verified them), so the restore returns without waiting for a second write of the bytes it fetched. Until a
-//! fill's object is on disk its bytes are held in memory (`filling`): a read of it uses them (`holds` counts
-//! it), so a restore never waits for a fill. A way in that changes one object (`dir_for`, `keep`, `forget`)
-//! first waits for a fill that holds that object (`settle_for`); a way in about the whole cache (`dir()`,
-//! `evict`, `revalidate`, `used`) waits for every fill started before it (`settle`). So the cache is never seen
-//! half-filled by a later step of the same process. The fill itself uses the fields, never those ways in (it
-//! must not wait on itself).
+//! verified them), so the restore returns without waiting for a second write of the bytes it fetched. Until a fill's
+//! object is on disk its bytes are held in memory (`filling`): a read of it uses them (`get_into`; `holds` counts
+//! it, `file_of` names no file yet), so a restore never waits for a fill. A way in that changes one object
+//! (`dir_for`, `keep`, `forget`) first waits for a fill that holds that object (`settle_for`); a way in about the
+//! whole cache (`dir()`, `evict`, `revalidate`, `used`) waits for every fill started before it (`settle`). So the
+//! cache is never seen half-filled by a later step of the same process. The fill itself uses the fields, never those
+//! ways in (it must not wait on itself).
 
 use std::collections::HashSet;
 use std::fs;
@@ -131,6 +131,31 @@ impl LruCache {
     /// fill lets go of it, so one of the two is always seen).
     pub fn holds(&self, id: &ObjectId) -> bool {
         self.filling(id).is_some() || self.dir.path_of(id).is_file()
+    }
+
+    /// Read `id`'s encoded bytes into `buf`: a running fill's copy, else the cached file (its mtime refreshed:
+    /// least recently used = oldest mtime). False if the cache holds neither.
+    pub fn get_into(&self, id: &ObjectId, buf: &mut Vec<u8>) -> Result<bool, ObjectError> {
+        if let Some(filling) = self.filling(id) {
+            buf.clear();
+            buf.extend_from_slice(&filling);
+            return Ok(true);
+        }
+        let dir = self.dir_for(id);
+        if !dir.get_into(id, buf)? {
+            return Ok(false);
+        }
+        let _ = dir.touch(id);
+        Ok(true)
+    }
+
+    /// Where `id`'s cached file lies, once it is written: None while a running fill holds it in memory (read it
+    /// with `get_into`).
+    pub fn file_of(&self, id: &ObjectId) -> Option<PathBuf> {
+        match self.filling(id) {
+            Some(_) => None,
+            None => Some(self.dir_for(id).path_of(id)),
+        }
     }
 
     /// Keep an object's encoded bytes (errors are not the caller's: the bucket has it).
