@@ -100,15 +100,31 @@ def test_open_store_refuses_bad_locations_before_creating_anything(tmp_path, mon
     assert not (tmp_path / "c").exists()
 
 
-@pytest.mark.parametrize("value", ["lots", "0", "-8", "4096"])
-def test_a_bad_range_size_is_refused_before_anything_is_made(tmp_path, monkeypatch, value):
+@pytest.mark.parametrize("variable,value,unit", [
+    ("KVSTORE_S3_RANGE_MIB", "lots", "MiB"), ("KVSTORE_S3_RANGE_MIB", "0", "MiB"),
+    ("KVSTORE_S3_RANGE_MIB", "-8", "MiB"), ("KVSTORE_S3_RANGE_MIB", "4096", "MiB"),
+    ("KVSTORE_S3_TIMEOUT", "soon", "seconds"), ("KVSTORE_S3_TIMEOUT", "0", "seconds"),
+    ("KVSTORE_S3_TIMEOUT", "nan", "seconds"), ("KVSTORE_S3_TIMEOUT", "86400", "seconds"),
+])
+def test_a_bad_client_setting_is_refused_before_anything_is_made(tmp_path, monkeypatch, variable, value, unit):
     from kvstore import _core
 
-    monkeypatch.setenv("KVSTORE_S3_RANGE_MIB", value)
+    monkeypatch.setenv(variable, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    with pytest.raises(_core.KvStoreError, match=f"KVSTORE_S3_RANGE_MIB={value} must be a number of MiB"):
+    with pytest.raises(_core.KvStoreError, match=f"{variable}={value} must be a number of {unit} from"):
         _core.Store("s3://abc/x", cache=str(tmp_path / "c"))
     assert not (tmp_path / "c").exists()
+
+
+def test_a_good_client_setting_is_taken(tmp_path, monkeypatch):
+    """The bounds are inclusive and a value may carry spaces: nothing a sane setting holds is refused."""
+    from kvstore import _core
+
+    monkeypatch.setenv("KVSTORE_S3_TIMEOUT", " 0.1 ")
+    monkeypatch.setenv("KVSTORE_S3_RANGE_MIB", "1024")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(_core.RemoteUnavailable):  # taken, then the dead endpoint is what fails
+        _core.Store("s3://abc/x", cache=str(tmp_path / "c"))
 
 
 def _kv(*args, env=None):

@@ -4,9 +4,10 @@
 //! `AWS_DEFAULT_REGION`; default us-east-1), `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`);
 //! no credentials → unsigned (anonymous) requests and no instance-metadata lookup. Plain HTTP only to a loopback
 //! endpoint or with `AWS_ALLOW_HTTP=true`. Timeouts and retries are bounded (connect 2 s, request 30 s —
-//! `KVSTORE_S3_TIMEOUT` seconds overrides it — 2 retries within 10 s), so a dead endpoint is
+//! `KVSTORE_S3_TIMEOUT` seconds, 0.1 to 3600, overrides it — 2 retries within 10 s), so a dead endpoint is
 //! `RemoteError::Unavailable` in seconds, never a hang. Conditional puts on ETag are enabled. A restore's ranged
-//! GETs ask for at least `KVSTORE_S3_RANGE_MIB` (default 8; `client::RANGE_BYTES`); a bad value is refused.
+//! GETs ask for at least `KVSTORE_S3_RANGE_MIB` (0.0625 to 1024, default 8; `client::RANGE_BYTES`). A bad value
+//! of either is refused before anything is made.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,11 +42,20 @@ pub fn client(url: &BucketUrl) -> Result<Bucket, RemoteError> {
             return Err(bad(format!("AWS_ENDPOINT_URL {ep} must start with http:// or https://")));
         }
     }
-    let timeout = env("KVSTORE_S3_TIMEOUT").and_then(|v| v.parse::<f64>().ok()).unwrap_or(30.0);
+    // A bad value is refused, naming the variable, rather than silently replaced by the default.
+    let number = |key: &str, unit: &str, (lo, hi): (f64, f64), default: f64| match env(key) {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(x) if (lo..=hi).contains(&x) => Ok(x),
+            _ => Err(bad(format!("{key}={v} must be a number of {unit} from {lo} to {hi}"))),
+        },
+    };
+    let timeout = number("KVSTORE_S3_TIMEOUT", "seconds", (0.1, 3600.0), 30.0)?;
+    let range_mib = number("KVSTORE_S3_RANGE_MIB", "MiB", (1.0 / 16.0, 1024.0), (RANGE_BYTES >> 20) as f64)?;
     let options = ClientOptions::new()
         .with_allow_http(allow_http)
         .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs_f64(timeout.max(0.1)));
+        .with_timeout(Duration::from_secs_f64(timeout));
     let retry = RetryConfig {
         backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(2), base: 2.0 },
         max_retries: 2,
@@ -70,13 +80,6 @@ pub fn client(url: &BucketUrl) -> Result<Bucket, RemoteError> {
         // Anonymous: no signature (and no instance-metadata lookup, which would stall outside a cloud).
         _ => b = b.with_skip_signature(true),
     }
-    let range_bytes = match env("KVSTORE_S3_RANGE_MIB") {
-        None => RANGE_BYTES,
-        Some(v) => match v.parse::<f64>() {
-            Ok(mib) if (1.0 / 16.0..=1024.0).contains(&mib) => (mib * (1u64 << 20) as f64) as u64,
-            _ => return Err(bad(format!("KVSTORE_S3_RANGE_MIB={v} must be a number of MiB from 0.0625 to 1024"))),
-        },
-    };
     let store = b.build().map_err(|e| bad(e.to_string()))?;
-    Ok(Bucket::new(Arc::new(store), url)?.with_range_bytes(range_bytes))
+    Ok(Bucket::new(Arc::new(store), url)?.with_range_bytes((range_mib * (1u64 << 20) as f64) as u64))
 }
