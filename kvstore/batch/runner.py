@@ -14,9 +14,11 @@ special tokens, chat through the server's own template.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import hashlib
 import json
 import logging
+import math
 import resource
 import time
 from dataclasses import dataclass, field
@@ -77,6 +79,24 @@ class Summary:
         return d
 
 
+def retry_after_s(value: Optional[str], fallback: float, at_most: float = 10.0) -> float:
+    """Seconds to wait before sending again, from a 503's `Retry-After`: delay-seconds (what kvstore serve and
+    llama-server send) or an HTTP-date (what a proxy in front may send, RFC 9110); anything else, or none, waits
+    `fallback`. Never more than `at_most`, so a proxy's long date cannot stall a batch."""
+    wait = fallback
+    if value:
+        try:
+            wait = float(value)
+        except ValueError:
+            try:
+                wait = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (TypeError, ValueError):
+                pass
+        if not math.isfinite(wait):
+            wait = fallback
+    return min(max(wait, 0.0), at_most)
+
+
 class Client:
     """The HTTP side: JSON requests with retries for what a busy or starting server answers (503, refused)."""
 
@@ -91,7 +111,7 @@ class Client:
                 async with self.session.request(method, self.base + path, json=body, headers=self.headers) as r:
                     raw = await r.read()
                     if r.status == 503 and attempt + 1 < RETRIES:
-                        await asyncio.sleep(min(float(r.headers.get("Retry-After") or delay), 10.0))
+                        await asyncio.sleep(retry_after_s(r.headers.get("Retry-After"), delay))
                         delay *= 2
                         continue
                     try:

@@ -28,3 +28,22 @@ def test_a_new_output_file_is_created(tmp_path):
     out.write(record("x", status=400, body={"error": "no"}))
     out.close()
     assert Output.open(tmp_path / "new.jsonl").done == set(), "a 400 is not an answer: it runs again"
+
+
+def test_retry_after_takes_seconds_or_a_date_and_is_bounded():
+    """A 503's Retry-After as kvstore serve sends it (seconds) or as a proxy may (an HTTP-date); bad: the fallback."""
+    import email.utils
+    import time
+
+    from kvstore.batch.runner import retry_after_s
+
+    assert retry_after_s("1", 0.5) == 1.0
+    assert retry_after_s("5", 0.5) == 5.0
+    assert retry_after_s(None, 0.5) == 0.5
+    assert retry_after_s("soon", 2.0) == 2.0
+    assert retry_after_s("nan", 2.0) == 2.0
+    assert retry_after_s("-3", 2.0) == 0.0
+    assert retry_after_s("3600", 2.0) == 10.0, "a long wait is cut to the bound"
+    in_4s = email.utils.formatdate(time.time() + 4, usegmt=True)
+    assert 2.0 <= retry_after_s(in_4s, 0.5) <= 4.0
+    assert retry_after_s(email.utils.formatdate(time.time() - 60, usegmt=True), 0.5) == 0.0, "a past date: now"
