@@ -61,9 +61,11 @@ def measure(url: str, state: str, n: int = 5) -> dict:
     urllib.request.urlopen(urllib.request.Request(key, data=os.urandom(stored), method="PUT")).read()
 
     # Side by side, round after round (a shared machine drifts): a local restore, a page-cache copy, a cold
-    # restore (a new cache; then the wait for its cache fill, which it leaves behind), a warm one (the same cache again), one GET. Each writes a new file, removed
-    # untimed, so that none pays for replacing its previous output.
-    runs: dict[str, list[float]] = {k: [] for k in ("local", "copy", "cold", "fill", "warm", "get")}
+    # restore (a new cache; then the wait for its cache fill, which it leaves behind), a warm one (the same cache
+    # again), one GET into memory (the yardstick), and one GET written to a file (what a store of one
+    # object per state would do to hand llama-server its file). Each file is new, removed untimed, so that none
+    # pays for replacing its previous output.
+    runs: dict[str, list[float]] = {k: [] for k in ("local", "copy", "cold", "fill", "warm", "get", "get_file")}
 
     def timed(kind: str, f) -> None:
         t0 = time.perf_counter()
@@ -86,8 +88,10 @@ def measure(url: str, state: str, n: int = 5) -> dict:
         out.unlink()
         requests = {"cold_restore": since(opened, cold_done), "warm_restore": since(cold_done, b.bucket_requests())}
         timed("get", lambda: urllib.request.urlopen(key).read())
-    t_local_load, t_copy, t_cold, t_fill, t_warm, t_get = (
-        statistics.median(runs[k]) for k in ("local", "copy", "cold", "fill", "warm", "get"))
+        timed("get_file", lambda: out.write_bytes(urllib.request.urlopen(key).read()))
+        out.unlink()
+    t_local_load, t_copy, t_cold, t_fill, t_warm, t_get, t_get_file = (
+        statistics.median(runs[k]) for k in ("local", "copy", "cold", "fill", "warm", "get", "get_file"))
     # The cold restore and the fill it left behind, round by round: the work moved off the request, not gone.
     t_cold_and_fill = statistics.median(c + f for c, f in zip(runs["cold"], runs["fill"]))
 
@@ -116,13 +120,15 @@ def measure(url: str, state: str, n: int = 5) -> dict:
                      "bucket_cold_restore": round(mb / t_cold, 1), "bucket_warm_restore": round(mb / t_warm, 1),
                      "one_get_of_stored_bytes": round(mb / t_get, 1)},
         "cold_restore_vs_one_get": round(t_get / t_cold, 3),
+        "cold_restore_vs_one_get_to_file": round(t_get_file / t_cold, 3),
         # What one restore (the last round's) asked of the bucket: a count, steady where times are not.
         "bucket_requests": requests,
         "warm_restore_vs_local": round(t_local_load / t_warm, 3),
         "local_restore_vs_copy": round(t_copy / t_local_load, 3),
         "cold_restore_and_fill_vs_one_get": round(t_get / t_cold_and_fill, 3),
         "s": {"cold_restore": round(t_cold, 4), "cache_fill_behind": round(t_fill, 4),
-              "cold_restore_and_fill": round(t_cold_and_fill, 4), "one_get": round(t_get, 4), "warm_restore": round(t_warm, 4),
+              "cold_restore_and_fill": round(t_cold_and_fill, 4), "one_get": round(t_get, 4),
+              "one_get_to_file": round(t_get_file, 4), "warm_restore": round(t_warm, 4),
               "resave_known_bucket": round(t_resave, 4), "resave_known_local": round(t_local_resave, 4),
               "first_save_after_gc": round(t_after_gc, 4), "dead_endpoint": round(t_dead, 3)},
     }
@@ -138,6 +144,7 @@ def main(url: str, state: str, n: int = 5) -> None:
     print(f"plain GET of {stored:.1f} MB: {s['one_get']:.3f} s (cold restore moves the same bytes in "
           f"{s['cold_restore']:.3f} s: {m['cold_restore_vs_one_get']}x; then its cache fill behind it "
           f"{s['cache_fill_behind']:.3f} s, the two {m['cold_restore_and_fill_vs_one_get']}x)")
+    print(f"one GET written to a file: {s['one_get_to_file']:.3f} s (cold restore {m['cold_restore_vs_one_get_to_file']}x)")
     print(f"save of known objects: bucket {s['resave_known_bucket'] * 1e3:.0f} ms, local "
           f"{s['resave_known_local'] * 1e3:.0f} ms (the difference: lock + gc generation + CAS of one name)")
     print(f"first save after a gc elsewhere: {s['first_save_after_gc'] * 1e3:.0f} ms")
