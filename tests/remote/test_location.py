@@ -153,6 +153,16 @@ def test_cli_bad_locations(tmp_path, argv, says):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing created or changed
 
 
+def test_cli_names_a_bad_client_setting_not_the_location(tmp_path):
+    """The location is fine, the environment is not: the one line says which variable, and nothing is made."""
+    r = _kv("--store", "s3://abc/x", "--cache", tmp_path / "c", "ls",
+            env={"KVSTORE_S3_TIMEOUT": "soon", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr == ('kvstore: error: bad setting for bucket store "s3://abc/x": KVSTORE_S3_TIMEOUT=soon must be '
+                        "a number of seconds from 0.1 to 3600\n"), r.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_cli_help_names_s3():
     r = _kv("--help")
     assert r.returncode == 0 and "s3://BUCKET/PREFIX" in r.stdout and "--cache-size" in r.stdout

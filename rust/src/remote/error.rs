@@ -16,6 +16,9 @@ pub enum RemoteError {
     Denied { url: String, detail: String },
     #[error("invalid store location {url:?}: {reason}")]
     BadUrl { url: String, reason: String },
+    /// A client setting from the environment (`s3.rs`) out of its range: the location itself is fine.
+    #[error("bad setting for bucket store {url:?}: {reason}")]
+    BadSetting { url: String, reason: String },
     #[error("{url}: {detail}")]
     Locked { url: String, detail: String },
     #[error("bucket {url}: {detail}")]
@@ -28,6 +31,7 @@ impl RemoteError {
             RemoteError::Unavailable { url, .. }
             | RemoteError::Denied { url, .. }
             | RemoteError::BadUrl { url, .. }
+            | RemoteError::BadSetting { url, .. }
             | RemoteError::Locked { url, .. }
             | RemoteError::Invalid { url, .. } => url,
         }
@@ -40,7 +44,10 @@ impl From<RemoteError> for Unavailable {
         let why = match e {
             RemoteError::Unavailable { .. } => Why::Unreachable,
             RemoteError::Locked { .. } => Why::Locked,
-            RemoteError::Denied { .. } | RemoteError::BadUrl { .. } | RemoteError::Invalid { .. } => Why::Refused,
+            RemoteError::Denied { .. }
+            | RemoteError::BadUrl { .. }
+            | RemoteError::BadSetting { .. }
+            | RemoteError::Invalid { .. } => Why::Refused,
         };
         Unavailable { why, location: e.url().to_string(), message: e.to_string() }
     }

@@ -47,7 +47,10 @@ pub fn client(url: &BucketUrl) -> Result<Bucket, RemoteError> {
         None => Ok(default),
         Some(v) => match v.trim().parse::<f64>() {
             Ok(x) if (lo..=hi).contains(&x) => Ok(x),
-            _ => Err(bad(format!("{key}={v} must be a number of {unit} from {lo} to {hi}"))),
+            _ => Err(RemoteError::BadSetting {
+                url: url.display(),
+                reason: format!("{key}={v} must be a number of {unit} from {lo} to {hi}"),
+            }),
         },
     };
     let timeout = number("KVSTORE_S3_TIMEOUT", "seconds", (0.1, 3600.0), 30.0)?;
