@@ -209,8 +209,8 @@ impl ObjectStore {
     /// `get_fetched` (which finds, quarantines and reports the bad one). Hashing each object as well would hash
     /// every byte twice (the largest cost of a materialize). The bytes come from `fetched` where they are there,
     /// else from what the backend holds in memory (`Backend::in_memory`), else from a file the backend keeps (a
-    /// raw one mapped), else from `get_into`. None where the object does
-    /// not decode: the caller then uses `get_fetched`.
+    /// raw one mapped), else from `get_into`. None where the object does not decode: the caller then uses
+    /// `get_fetched`.
     pub fn get_for_file_hash(&self, id: &ObjectId, buffer: &BufferFor<'_>, fetched: &Fetched) -> Result<Option<(Part, u64)>, ObjectError> {
         if let Some(encoded) = fetched.get(id).cloned().or_else(|| self.backend.in_memory(id)) {
             let raw = encoded.len() >= codec::HEADER_LEN

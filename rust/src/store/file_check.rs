@@ -4,11 +4,11 @@
 //! CONTRACT: `FileSums::of` is what an ingest records of the original file. `matches` checks a rebuild given as
 //! pieces in file order: its length, then xxh3 where the manifest carries it and every part came from a file
 //! this machine holds (a local store's objects, a bucket store's cache, or a cache fill's bytes still in memory:
-//! each was verified by its id, or by a blake3 file hash, before it was kept there), else blake3. What a bucket sent is checked by blake3 alone: a
-//! bucket is shared, and a copy planted there must not pass by a sum that can be forged. Why two sums: the
-//! check runs beside the file's write on the second core and blake3 (~5 GB/s per core here) held that write
-//! back (70 MB state: write 15 ms alone, 22 ms with blake3 beside it); xxh3 (~20 GB/s) is what the local
-//! objects need against rot and torn writes. (`twox-hash`, not `xxhash-rust`: it picks AVX2 at run time, and a
+//! each was verified by its id, or by a blake3 file hash, before it was kept there), else blake3. What a bucket
+//! sent is checked by blake3 alone: a bucket is shared, and a copy planted there must not pass by a sum that
+//! can be forged. Why two sums: the check runs beside the file's write on the second core and blake3 (~5 GB/s
+//! per core here) held that write back (70 MB state: write 15 ms alone, 22 ms with blake3 beside it); xxh3
+//! (~20 GB/s) is what the local objects need against rot and torn writes. (`twox-hash`, not `xxhash-rust`: it picks AVX2 at run time, and a
 //! wheel is built for the baseline x86-64; 2.5 vs 3.1 ms for 70 MB here.)
 
 use twox_hash::XxHash3_128;
