@@ -8,8 +8,8 @@
 //! sent is checked by blake3 alone: a bucket is shared, and a copy planted there must not pass by a sum that
 //! can be forged. Why two sums: the check runs beside the file's write on the second core and blake3 (~5 GB/s
 //! per core here) held that write back (70 MB state: write 15 ms alone, 22 ms with blake3 beside it); xxh3
-//! (~20 GB/s) is what the local objects need against rot and torn writes. (`twox-hash`, not `xxhash-rust`: it picks AVX2 at run time, and a
-//! wheel is built for the baseline x86-64; 2.5 vs 3.1 ms for 70 MB here.)
+//! (~20 GB/s) is what the local objects need against rot and torn writes. (`twox-hash`, not `xxhash-rust`: it
+//! picks AVX2 at run time, and a wheel is built for the baseline x86-64; 2.5 vs 3.1 ms for 70 MB here.)
 
 use twox_hash::XxHash3_128;
 
