@@ -206,6 +206,8 @@ def table(results: dict) -> str:
                          f"{r['bucket_cold_restore']} vs one GET of the stored bytes {r['one_get_of_stored_bytes']} "
                          f"(**{rc['cold_restore_vs_one_get']}x**; "
                          f"{rc.get('cold_restore_vs_one_get_to_file', '-')}x of one GET written to a file; "
+                         f"{rc.get('cold_restore_vs_one_get_of_file_bytes', '-')}x of one GET of as many bytes as "
+                         f"the file; "
                          f"with the cache fill it leaves behind "
                          f"{rc['s']['cache_fill_behind'] * 1e3:.0f} ms, {rc['cold_restore_and_fill_vs_one_get']}x); "
                          f"bucket warm cache {r['bucket_warm_restore']} "
