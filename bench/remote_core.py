@@ -68,11 +68,16 @@ def measure(url: str, state: str, n: int = 5) -> dict:
     # restore (a new cache; then the wait for its cache fill, which it leaves behind), a warm one (the same cache
     # again), one GET into memory (the yardstick), and one GET written to a file (what a store of one
     # object per state would do to hand llama-server its file). Each file is new, removed untimed, so that none
-    # pays for replacing its previous output.
+    # pays for replacing its previous output. Each is timed after a sync (untimed) but the fill, which is timed
+    # right after its restore: this machine's memory cgroup throttles writeback early, and one step's dirty
+    # pages were charged to the next (a page-cache copy of the Gemma 3 file ran at 0.7 GB/s in one round, 2.5
+    # in the next), as in the storage bench.
     runs: dict[str, list[float]] = {k: [] for k in ("local", "copy", "cold", "fill", "warm", "get", "get_file",
                                                     "get_whole")}
 
     def timed(kind: str, f) -> None:
+        if kind != "fill":
+            os.sync()
         t0 = time.perf_counter()
         f()
         runs[kind].append(time.perf_counter() - t0)
