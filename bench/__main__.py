@@ -145,7 +145,8 @@ def s3core(model: str, wd: Path) -> dict:
     files = storage.make_family(model, wd / "files", 600, 1)
     aws = seaweed().env({})  # only the variables pointing at this run's SeaweedFS
     with bucket_env(aws, drop=("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE")):
-        return remote_core.measure(f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", str(files[-1]), n=9)
+        return remote_core.measure(f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", str(files[-1]), n=9,
+                                   server_pid=seaweed().proc.pid)
 
 
 def add_alone_ratios(rows: list) -> None:
@@ -214,6 +215,14 @@ def table(results: dict) -> str:
                          f"(**{rc['warm_restore_vs_local']}x** local). What the bucket adds to a restore (cold minus "
                          f"warm): {(rc['s']['cold_restore'] - rc['s']['warm_restore']) * 1e3:.0f} ms, one GET of the "
                          f"stored bytes {rc['s']['one_get'] * 1e3:.0f} ms.")
+            ap = rc.get("server_apart")
+            if ap:
+                lines.append(f"With SeaweedFS on a core of its own and the restore on another (as a bucket on another "
+                             f"machine would leave this one's cores): a cold restore written as its objects arrive "
+                             f"{ap['streamed'] * 1e3:.0f} ms (**{ap['streamed_vs_one_get']}x** one GET of the stored "
+                             f"bytes, {ap['one_get'] * 1e3:.0f} ms), once all arrived {ap['not_streamed'] * 1e3:.0f} ms "
+                             f"({ap['not_streamed_vs_one_get']}x); `KVSTORE_S3_STREAM=auto` streams unless the "
+                             f"endpoint is loopback.")
             req = rc.get("bucket_requests")
             if req:
                 per = lambda d: ", ".join(f"{n} {k}" for k, n in sorted(d.items())) or "none"  # noqa: E731

@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 from kvstore import _core
 
@@ -37,9 +38,10 @@ def since(before: dict, after: dict) -> dict:
     return {k: after[k] - before[k] for k in after if after[k] > before[k]}
 
 
-def measure(url: str, state: str, n: int = 5) -> dict:
+def measure(url: str, state: str, n: int = 5, server_pid: Optional[int] = None) -> dict:
     """Every figure of the module docstring for one real slot file, as a dict (times in seconds, rates in MB/s of
-    the state's file bytes, the way a restore's speed is felt)."""
+    the state's file bytes, the way a restore's speed is felt); with the endpoint's `server_pid` (a SeaweedFS of
+    this machine), the cold restores again with that server on cores of its own (`apart`)."""
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     size = Path(state).stat().st_size
     mb = size / 1e6
@@ -106,6 +108,8 @@ def measure(url: str, state: str, n: int = 5) -> dict:
     # The cold restore and the fill it left behind, round by round: the work moved off the request, not gone.
     t_cold_and_fill = statistics.median(c + f for c, f in zip(runs["cold"], runs["fill"]))
 
+    own_cores = apart(url, key, server_pid, tmp, n) if server_pid else None
+
     # The first save after a gc elsewhere re-checks the cache (one listing), then saves as usual.
     b.gc(grace_seconds=3600)
     t0 = time.perf_counter()
@@ -138,6 +142,7 @@ def measure(url: str, state: str, n: int = 5) -> dict:
         "warm_restore_vs_local": round(t_local_load / t_warm, 3),
         "local_restore_vs_copy": round(t_copy / t_local_load, 3),
         "cold_restore_and_fill_vs_one_get": round(t_get / t_cold_and_fill, 3),
+        "server_apart": own_cores,
         "s": {"cold_restore": round(t_cold, 4), "cache_fill_behind": round(t_fill, 4),
               "cold_restore_and_fill": round(t_cold_and_fill, 4), "one_get": round(t_get, 4),
               "one_get_to_file": round(t_get_file, 4), "one_get_of_file_bytes": round(t_get_whole, 4),
@@ -145,6 +150,67 @@ def measure(url: str, state: str, n: int = 5) -> dict:
               "resave_known_bucket": round(t_resave, 4), "resave_known_local": round(t_local_resave, 4),
               "first_save_after_gc": round(t_after_gc, 4), "dead_endpoint": round(t_dead, 3)},
     }
+
+
+def _pin(pid: int, cpus: set) -> dict:
+    """Every thread of `pid` onto `cpus`; returns each thread's cpus before."""
+    before = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        tid = int(task.name)
+        try:
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return before
+
+
+def _unpin(before: dict) -> None:
+    for tid, cpus in before.items():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+
+
+def apart(url: str, key: str, server_pid: int, tmp: Path, n: int) -> Optional[dict]:
+    """Cold restores written as their objects arrive (`KVSTORE_S3_STREAM=on`) and once all arrived (`off`, what
+    `auto` picks for a loopback endpoint), side by side with one GET of the stored bytes, while the server (a
+    SeaweedFS of this machine, every thread) runs on one core and this process on another: what a bucket on
+    another machine leaves this one, which loopback cannot show (the server then takes the cores the restore
+    would write on). None on a machine with fewer than 2 cores for this process."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    before = {**_pin(server_pid, {cpus[0]}), **_pin(os.getpid(), {cpus[1]})}
+    runs: dict[str, list[float]] = {"on": [], "off": [], "get": []}
+    saved = os.environ.get("KVSTORE_S3_STREAM")
+    try:
+        for k in range(n):
+            for mode in ("on", "off"):
+                os.environ["KVSTORE_S3_STREAM"] = mode
+                b = _core.Store(url, cache=str(tmp / f"apart-{mode}{k}"))
+                out = tmp / f"apart-{mode}{k}.bin"
+                os.sync()
+                t0 = time.perf_counter()
+                b.materialize("s", str(out))
+                runs[mode].append(time.perf_counter() - t0)
+                b.settle()
+                out.unlink()
+            os.sync()
+            t0 = time.perf_counter()
+            urllib.request.urlopen(key).read()
+            runs["get"].append(time.perf_counter() - t0)
+    finally:
+        if saved is None:
+            os.environ.pop("KVSTORE_S3_STREAM", None)
+        else:
+            os.environ["KVSTORE_S3_STREAM"] = saved
+        _unpin(before)
+    t = {k: statistics.median(v) for k, v in runs.items()}
+    return {"streamed": round(t["on"], 4), "not_streamed": round(t["off"], 4), "one_get": round(t["get"], 4),
+            "streamed_vs_one_get": round(t["get"] / t["on"], 3),
+            "not_streamed_vs_one_get": round(t["get"] / t["off"], 3)}
 
 
 def main(url: str, state: str, n: int = 5) -> None:

@@ -116,12 +116,25 @@ def test_a_bad_client_setting_is_refused_before_anything_is_made(tmp_path, monke
     assert not (tmp_path / "c").exists()
 
 
-def test_a_good_client_setting_is_taken(tmp_path, monkeypatch):
+@pytest.mark.parametrize("value", ["yes", "1", "ON", "streamed"])
+def test_a_bad_stream_setting_is_refused_before_anything_is_made(tmp_path, monkeypatch, value):
+    from kvstore import _core
+
+    monkeypatch.setenv("KVSTORE_S3_STREAM", value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(_core.KvStoreError, match=f"KVSTORE_S3_STREAM={value} must be auto, on or off"):
+        _core.Store("s3://abc/x", cache=str(tmp_path / "c"))
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("stream", [" on ", "off", "auto"])
+def test_a_good_client_setting_is_taken(tmp_path, monkeypatch, stream):
     """The bounds are inclusive and a value may carry spaces: nothing a sane setting holds is refused."""
     from kvstore import _core
 
     monkeypatch.setenv("KVSTORE_S3_TIMEOUT", " 0.1 ")
     monkeypatch.setenv("KVSTORE_S3_RANGE_MIB", "1024")
+    monkeypatch.setenv("KVSTORE_S3_STREAM", stream)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     with pytest.raises(_core.RemoteUnavailable):  # taken, then the dead endpoint is what fails
         _core.Store("s3://abc/x", cache=str(tmp_path / "c"))

@@ -237,12 +237,16 @@ def test_bucket_down_reads_from_cache_writes_fail_fast(state_files, tmp_path, mo
     assert time.monotonic() - t0 < 60
 
 
-def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_files, tmp_path, monkeypatch):
-    """B restores two states it never held (full attention and sliding window), two requests at once per state:
-    each is byte-exact, B's cache keeps them (written behind the restores: whole once `settle` returns, no
-    half-written copy left), and with the bucket gone B restores both again from its cache alone."""
+@pytest.mark.parametrize("stream", ["on", "off"])
+def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_files, tmp_path, monkeypatch, stream):
+    """B restores two states it never held (full attention and sliding window), two requests at once per state,
+    written as their objects arrive (`KVSTORE_S3_STREAM=on`, each object checked by its id) or once all are here
+    (`off`, the default on loopback: checked by the file's blake3): each is byte-exact, B's cache keeps them
+    (written behind the restores: whole once `settle` returns, no half-written copy left), and with the bucket
+    gone B restores both again from its cache alone."""
     from concurrent.futures import ThreadPoolExecutor
 
+    monkeypatch.setenv("KVSTORE_S3_STREAM", stream)
     w = Weed(tmp_path / "weed")
     w.start()
     files = {n: state_files[n] for n in ("smollm2_parent", "gemma3_parent")}
@@ -260,9 +264,11 @@ def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_f
         for (name, out), rep in zip(jobs, reports):
             assert _core.hash_file(str(out)) == _core.hash_file(str(files[name])), name
             assert rep["read_stored_bytes"] > 0
-        # What a bucket sent is checked by blake3 (a restore that came second may have found it all cached).
+        # What a bucket sent is checked by its objects' ids as they arrived, or by the file's blake3 (a restore
+        # that came second may have found it all cached).
+        checked = {"on": "objects as they arrived", "off": "file blake3"}[stream]
         for name in files:
-            assert "file blake3" in [rep["verified_by"] for (n, _), rep in zip(jobs, reports) if n == name], name
+            assert checked in [rep["verified_by"] for (n, _), rep in zip(jobs, reports) if n == name], name
     finally:
         w.stop()
     b.settle()  # the restores returned before writing what they fetched into the cache: that is done now
@@ -281,10 +287,13 @@ def test_cold_restores_in_flight_are_kept_and_serve_with_the_bucket_down(state_f
         assert rep["verified_by"] == "file xxh3", (name, rep)  # the cache's own files
 
 
-def test_a_restore_asks_the_bucket_for_the_record_and_the_ranges_only(aws, state_files, tmp_path):
+@pytest.mark.parametrize("stream", ["on", "off"])
+def test_a_restore_asks_the_bucket_for_the_record_and_the_ranges_only(aws, state_files, tmp_path, monkeypatch, stream):
     """What B asks the bucket to restore a state A saved (full attention, sliding window), counted: its record
     and ranged GETs where the record places the objects; no pack index, no HEAD, no listing of the bucket's packs
-    and no read of the manifest (the record carries it). A warm restore asks for the record alone."""
+    and no read of the manifest (the record carries it). A warm restore asks for the record alone. The same
+    whether the restore is written as the objects arrive or once all are here."""
+    monkeypatch.setenv("KVSTORE_S3_STREAM", stream)
     url = f"s3://kvs/{tmp_path.name}"
     a = _core.Store(url, cache=str(tmp_path / "a"))
     files = {n: state_files[n] for n in ("smollm2_parent", "gemma3_parent")}
@@ -303,3 +312,24 @@ def test_a_restore_asks_the_bucket_for_the_record_and_the_ranges_only(aws, state
         for out in ("cold", "warm"):
             assert _core.hash_file(str(tmp_path / f"{name}.{out}.bin")) == _core.hash_file(str(f)), (name, out)
     assert _core.Store(str(tmp_path / "local")).bucket_requests() is None
+
+
+def test_a_tenants_cold_restore_is_checked_under_its_own_key(aws, state_files, tmp_path, monkeypatch):
+    """The same state saved by two tenants is two sets of objects (each tenant's ids are keyed by its own key):
+    a cold restore written as the objects arrive checks each under its tenant's key, so each tenant's restore is
+    byte-exact and vouched for by its own objects, and a tenant without the name has nothing to restore."""
+    monkeypatch.setenv("KVSTORE_S3_STREAM", "on")
+    url = f"s3://kvs/{tmp_path.name}"
+    f = state_files["gemma3_parent"]
+    a = _core.Store(url, cache=str(tmp_path / "a"))
+    saved = {ns: a.ingest("doc", str(f), namespace=ns) for ns in ("t1", "t2")}
+    assert saved["t2"]["new_objects"] == saved["t1"]["new_objects"] > 0  # nothing shared across tenants
+    for ns in ("t1", "t2"):
+        b = _core.Store(url, cache=str(tmp_path / f"b-{ns}"))
+        out = tmp_path / f"{ns}.bin"
+        rep = b.materialize("doc", str(out), namespace=ns)
+        assert rep["verified_by"] == "objects as they arrived", (ns, rep)
+        assert _core.hash_file(str(out)) == _core.hash_file(str(f)), ns
+        with pytest.raises(_core.NameNotFound):
+            b.materialize("doc", str(tmp_path / "none.bin"), namespace="t3")
+    assert not (tmp_path / "none.bin").exists()

@@ -126,6 +126,8 @@ pub(crate) struct Emitter<'p, 'a, 'b> {
     pub plans: std::slice::Iter<'p, UnitPlan>,
     pub blocks: &'a [&'b [u8]],
     pub n_stream: Option<u32>,
+    /// Index (in the whole file's reference order) of `blocks[0]`: the sink is told which block rows are from.
+    pub first_block: usize,
 }
 
 impl<'b> Emitter<'_, '_, 'b> {
@@ -198,6 +200,10 @@ impl<'b> Emitter<'_, '_, 'b> {
         let Some(UnitPlan::Rec(n)) = self.plans.next() else { unreachable!("plans follow units()") };
         let (blocks, rest) = self.blocks.split_at(*n);
         self.blocks = rest;
+        self.first_block += *n;
+        if !blocks.is_empty() {
+            out.made_from_rows();
+        }
         super::recurrent::emit(rc, blocks.first().copied().unwrap_or_default(), out.made());
     }
 
@@ -205,6 +211,8 @@ impl<'b> Emitter<'_, '_, 'b> {
         let Some(UnitPlan::Kv(plan)) = self.plans.next() else { unreachable!("plans follow units()") };
         let (blocks, rest) = self.blocks.split_at(plan.block_cells.len());
         self.blocks = rest;
+        let first = self.first_block;
+        self.first_block += blocks.len();
         let prefix = layer_prefix(&c.layers);
         let count = c.count as usize;
         let m = out.made();
@@ -217,7 +225,7 @@ impl<'b> Emitter<'_, '_, 'b> {
             let k_row = hdr.k_row as usize;
             for run in &plan.runs {
                 let at = plan.block_cells[run.block] * prefix[l] + run.row * k_row;
-                out.block(&blocks[run.block][at..at + run.len * k_row]);
+                out.block(first + run.block, at, &blocks[run.block][at..at + run.len * k_row]);
             }
         }
         for (l, hdr) in c.layers.iter().enumerate() {
@@ -230,10 +238,13 @@ impl<'b> Emitter<'_, '_, 'b> {
                     out.made().put_u64(row);
                     for run in &plan.runs {
                         let at = v_at(run);
-                        out.block(&blocks[run.block][at..at + run.len * v_row]);
+                        out.block(first + run.block, at, &blocks[run.block][at..at + run.len * v_row]);
                     }
                 }
                 VLayout::Trans { ty, el, n_embd } => {
+                    if el > 0 && count > 0 {
+                        out.made_from_rows();
+                    }
                     let m = out.made();
                     m.put_i32(ty);
                     m.put_u32(el);

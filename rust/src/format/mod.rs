@@ -12,7 +12,8 @@
 //! versioned skeleton codec, format documented there), `layout` (the canonical layout string, documented there),
 //! `rows` (row access to a decomposed state), `checkpoint` (sections from chosen rows, the cut checkpoint),
 //! `cut` (a slot file for the first P tokens of a state: a cut), `complete` (the sections a model implies),
-//! `sink` (where an emitted file goes: a buffer, or pieces pointing at the blocks).
+//! `sink` (where an emitted file goes: a buffer, or pieces pointing at the blocks), `place` (where each
+//! block's rows go in the file, from the skeleton alone: a restore that writes blocks as they arrive).
 
 mod checkpoint;
 mod complete;
@@ -23,6 +24,7 @@ mod head;
 mod layout;
 mod model;
 mod parse;
+mod place;
 mod plan;
 mod reader;
 mod recurrent;
@@ -38,6 +40,7 @@ mod tests;
 
 pub use complete::{ModelShape, Shape};
 pub use head::{check_head, HEAD_LEN};
+pub use place::{place, Placement, RowRun};
 pub use sink::Pieces;
 use model::{SlotFile, Unit};
 pub use cut::{emit_prefix, Prefix, PrefixSpec, RowOrigin, StateRef};
@@ -222,16 +225,23 @@ pub fn recompose(skeleton: &[u8], blocks: &[&[u8]], opts: &EmitOptions) -> Resul
     let payload: usize = blocks.iter().map(|b| b.len()).sum();
     let streams = opts.n_stream.unwrap_or(0) as usize * 4 * (d.file.sections.len() + 64);
     let mut out = Vec::with_capacity(skeleton.len().saturating_add(payload).saturating_add(streams));
-    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream }.file(&d.file, &mut out);
+    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream, first_block: 0 }.file(&d.file, &mut out);
     Ok(out)
 }
 
 /// [`recompose`] as pieces: the bytes it makes, and the blocks' rows pointed at, not copied (`sink.rs`).
 pub fn recompose_pieces<'b>(skeleton: &[u8], blocks: &[&'b [u8]], opts: &EmitOptions) -> Result<Pieces<'b>, FormatError> {
-    let (d, plans) = checked_plans(skeleton, blocks, opts)?;
     let mut out = Pieces::default();
-    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream }.file(&d.file, &mut out);
+    emit_into(skeleton, blocks, opts, &mut out)?;
     Ok(out)
+}
+
+/// Emit the file `skeleton` and `blocks` recompose to into `out` (`place.rs`: a sink that only notes where rows
+/// go).
+fn emit_into<'b>(skeleton: &[u8], blocks: &[&'b [u8]], opts: &EmitOptions, out: &mut impl sink::Sink<'b>) -> Result<(), FormatError> {
+    let (d, plans) = checked_plans(skeleton, blocks, opts)?;
+    emit::Emitter { plans: plans.iter(), blocks, n_stream: opts.n_stream, first_block: 0 }.file(&d.file, out);
+    Ok(())
 }
 
 /// The skeleton decoded and its plans, once `opts` and the blocks' lengths are checked against it.

@@ -12,20 +12,24 @@ use super::reader::PutLe;
 pub(crate) trait Sink<'b> {
     /// The buffer made bytes are appended to (the last piece, for `Pieces`).
     fn made(&mut self) -> &mut Vec<u8>;
-    /// Rows of a block, copied (`Vec`) or pointed at (`Pieces`).
-    fn block(&mut self, rows: &'b [u8]);
+    /// Rows of a block, copied (`Vec`) or pointed at (`Pieces`): `rows` are the bytes at `at` of the file's
+    /// block reference `block` (a sink that places rows by where they come from: `place.rs`).
+    fn block(&mut self, block: usize, at: usize, rows: &'b [u8]);
     /// A u64 to fill in later (a checkpoint's length); returns where it is and the length so far.
     fn mark_u64(&mut self) -> (usize, u64);
     fn fill_u64(&mut self, at: usize, v: u64);
     /// Bytes emitted so far.
     fn len(&self) -> u64;
+    /// The made bytes about to be appended are computed from block rows (transposed V, recurrent rows): a
+    /// sink that places rows without reading them (`place.rs`) cannot place this file.
+    fn made_from_rows(&mut self) {}
 }
 
 impl<'b> Sink<'b> for Vec<u8> {
     fn made(&mut self) -> &mut Vec<u8> {
         self
     }
-    fn block(&mut self, rows: &'b [u8]) {
+    fn block(&mut self, _block: usize, _at: usize, rows: &'b [u8]) {
         self.extend_from_slice(rows);
     }
     fn mark_u64(&mut self) -> (usize, u64) {
@@ -89,7 +93,7 @@ impl<'b> Sink<'b> for Pieces<'b> {
         }
         &mut self.made
     }
-    fn block(&mut self, rows: &'b [u8]) {
+    fn block(&mut self, _block: usize, _at: usize, rows: &'b [u8]) {
         if rows.is_empty() {
             return;
         }

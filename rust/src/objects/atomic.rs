@@ -54,13 +54,7 @@ const IOV_MAX: usize = 1024;
 
 /// [`write_temp`] of `pieces` concatenated, written straight from them (`writev`: no copy into one buffer).
 fn write_temp_pieces(dir: &Path, name: TempName, pieces: &[&[u8]], durable: bool) -> Result<TempPath, ObjectError> {
-    let mut f = tempfile::Builder::new()
-        .prefix(name.prefix)
-        .suffix(name.suffix)
-        .rand_bytes(16)
-        .permissions(Permissions::from_mode(0o666))
-        .tempfile_in(dir)
-        .map_err(|e| ObjectError::io(dir, e))?;
+    let mut f = temp_in(dir, name)?;
     write_all_pieces(f.as_file_mut(), pieces).map_err(|e| ObjectError::io(f.path(), e))?;
     if durable {
         f.as_file().sync_all().map_err(|e| ObjectError::io(f.path(), e))?;
@@ -132,6 +126,32 @@ impl Unpublished {
             fsync_dir(dir).map_err(|e| ObjectError::io(dir, e))?;
         }
         Ok(())
+    }
+}
+
+/// An empty temp file beside `target` (named by `temp`), to be filled in place (`pwrite`) and then made
+/// [`Unpublished::filled`]; dropped, it is removed.
+pub fn temp_beside(target: &Path, temp: TempName) -> Result<tempfile::NamedTempFile, ObjectError> {
+    temp_in(parent_dir(target), temp)
+}
+
+fn temp_in(dir: &Path, temp: TempName) -> Result<tempfile::NamedTempFile, ObjectError> {
+    tempfile::Builder::new()
+        .prefix(temp.prefix)
+        .suffix(temp.suffix)
+        .rand_bytes(16)
+        .permissions(Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| ObjectError::io(dir, e))
+}
+
+impl Unpublished {
+    /// A temp file from [`temp_beside`], filled: fsynced if `durable`, ready to `publish` as `target`.
+    pub fn filled(f: tempfile::NamedTempFile, target: &Path, durable: bool) -> Result<Self, ObjectError> {
+        if durable {
+            f.as_file().sync_all().map_err(|e| ObjectError::io(f.path(), e))?;
+        }
+        Ok(Unpublished { tmp: f.into_temp_path(), target: target.to_path_buf(), durable })
     }
 }
 

@@ -186,6 +186,19 @@ pub trait Backend: Send + Sync {
     fn fetch(&self, _ids: &[ObjectId]) -> Result<Fetched, ObjectError> {
         Ok(Fetched::default())
     }
+    /// Whether `stream` may hand anything over (a bucket store that streams restores, `KVSTORE_S3_STREAM`): a
+    /// caller asks before it starts the threads that would take the objects.
+    fn streams(&self) -> bool {
+        false
+    }
+    /// Hand each of `ids` (distinct) to `deliver(slot, encoded)` as soon as it is here, unverified: what this
+    /// machine holds first, then each object from afar the moment it arrived, so that the caller works on one
+    /// while the others are on their way (`store/streamed.rs`). Some(the slots of objects absent everywhere);
+    /// None where nothing would arrive from afar (a backend without one, or everything held here), or where
+    /// the backend does not stream (`KVSTORE_S3_STREAM`): the caller reads as usual.
+    fn stream(&self, _ids: &[ObjectId], _deliver: &(dyn Fn(usize, Bytes) + Sync)) -> Result<Option<Vec<usize>>, ObjectError> {
+        Ok(None)
+    }
     /// Keep what `fetch` brought, which the caller verified (its rejected copies are left out): a cache writes
     /// it behind the caller, who does not wait, and reads it from memory until then (`in_memory`). A backend
     /// that holds its objects already keeps nothing.

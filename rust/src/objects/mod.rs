@@ -247,6 +247,23 @@ impl ObjectStore {
     }
 }
 
+/// `encoded`, a copy of `id` that arrived from afar (`Backend::stream`), decoded and checked against its id in
+/// `scope` without asking any backend: Err(why) where it does not decode or match (the caller then reads the
+/// object the usual way, which quarantines a bad stored copy where it lies). A raw object's bytes stay where
+/// they arrived (`Part::Shared`); another is decoded into `buffer(raw_len)`.
+pub fn check_arrived(id: &ObjectId, encoded: &bytes::Bytes, scope: &Scope, buffer: &BufferFor<'_>) -> Result<Part, String> {
+    let raw = encoded.len() >= codec::HEADER_LEN
+        && codec::is_raw_file(encoded[..codec::HEADER_LEN].try_into().expect("header length"), encoded.len() as u64);
+    let part = match raw {
+        true => Part::Shared(encoded.slice(codec::HEADER_LEN..)),
+        false => Part::Buffer(decode_with(encoded, buffer)?),
+    };
+    match scope.id_of(&part) == *id {
+        true => Ok(part),
+        false => Err("hash mismatch".to_string()),
+    }
+}
+
 /// An object's bytes as a restore uses them: decoded into a buffer, mapped from the object's file (a raw
 /// object kept as a local file: the page cache's own pages, never copied into this process), or a raw
 /// object's bytes where they were fetched (a slice of the response).

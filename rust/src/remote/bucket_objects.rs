@@ -196,6 +196,78 @@ impl BucketObjects {
         Ok(out)
     }
 
+    /// [`download`](Self::download), each object handed to `deliver(slot, encoded)` the moment its last byte
+    /// arrived (a restore checks one while the others are on their way); `ids` distinct. Returns the slots of
+    /// the objects the bucket does not hold. What the pack map locates, and what name records placed
+    /// (`hint`), is streamed; the rare rest (a pack neither knows, loose objects) is read as `download` reads
+    /// it and handed over after.
+    pub fn download_each(&self, ids: &[ObjectId], deliver: &(dyn Fn(usize, Bytes) + Sync)) -> Result<Vec<usize>, ObjectError> {
+        let mut wanted: Vec<(ObjectId, usize, Entry)> = Vec::new();
+        let mut unlocated = Vec::new();
+        for (k, id) in ids.iter().enumerate() {
+            match self.packs.locate(id) {
+                Some(l) => wanted.push((l.pack, k, l.entry)),
+                None => unlocated.push(k),
+            }
+        }
+        let (placed, mut left) = self.hints.take_places(ids, unlocated);
+        // A place that fails in any way is a miss, never an error (as in `read_placed`).
+        let tolerant: HashSet<usize> = placed.iter().map(|(_, k, _)| *k).collect();
+        wanted.extend(placed);
+        left.extend(self.stream_spans(wanted, &tolerant, deliver)?);
+        if left.is_empty() {
+            return Ok(left);
+        }
+        let got = self.download(left.iter().map(|&k| ids[k]).collect())?;
+        let mut absent = Vec::new();
+        for (k, got) in left.into_iter().zip(got) {
+            match got {
+                Some(bytes) => deliver(k, bytes),
+                None => absent.push(k),
+            }
+        }
+        Ok(absent)
+    }
+
+    /// [`read_spans`](Self::read_spans) handing each object to `deliver` as soon as it is whole; returns the
+    /// slots not delivered (a range not there, or cut short; a failed span with a `tolerant` slot in it).
+    fn stream_spans(
+        &self,
+        wanted: Vec<(ObjectId, usize, Entry)>,
+        tolerant: &HashSet<usize>,
+        deliver: &(dyn Fn(usize, Bytes) + Sync),
+    ) -> Result<Vec<usize>, ObjectError> {
+        let b = &*self.bucket;
+        let undelivered = b.run_all(plan_spans(wanted, b.range_bytes()), PARALLEL, |s| async move {
+            let mut parts = s.parts;
+            parts.sort_by_key(|(_, e)| e.offset);
+            let mut next = 0; // parts delivered so far
+            // The bytes from `start` on: each part leaves as a slice of the front split off at its end (no copy).
+            let mut start = s.start;
+            let mut buf = bytes::BytesMut::with_capacity((s.end - s.start) as usize);
+            let got = b
+                .get_range_each(&pack_key(&s.pack), s.start..s.end, |chunk| {
+                    buf.extend_from_slice(&chunk);
+                    while let Some(&(k, e)) = parts.get(next) {
+                        let end = e.offset + e.len as u64;
+                        if e.offset < start || end > start + buf.len() as u64 {
+                            break; // not whole yet (or overlapping one delivered: left to the fallback)
+                        }
+                        let front = buf.split_to((end - start) as usize).freeze();
+                        deliver(k, front.slice((e.offset - start) as usize..));
+                        start = end;
+                        next += 1;
+                    }
+                })
+                .await;
+            match got {
+                Err(e) if !parts[next..].iter().any(|(k, _)| tolerant.contains(k)) => Err(e),
+                _ => Ok(parts[next..].iter().map(|(k, _)| *k).collect::<Vec<usize>>()),
+            }
+        })?;
+        Ok(undelivered.into_iter().flatten().collect())
+    }
+
     /// Read `which` of `ids` from their packs into `out`; returns those not found in a pack.
     fn read_packed(&self, ids: &[ObjectId], which: &[usize], out: &mut [Option<Bytes>]) -> Result<Vec<usize>, ObjectError> {
         let mut left = Vec::new();

@@ -106,6 +106,36 @@ impl Backend for CachedBackend {
         Ok(Fetched::new(missing.into_iter().zip(got).filter_map(|(id, b)| b.map(|b| (id, b))).collect()))
     }
 
+    fn streams(&self) -> bool {
+        self.bucket.bucket.streams_restores()
+    }
+
+    /// What the cache holds, read from it; the rest streamed from the bucket (`BucketObjects::download_each`).
+    /// None where the bucket does not stream restores (`KVSTORE_S3_STREAM`; by default, one on loopback).
+    fn stream(&self, ids: &[ObjectId], deliver: &(dyn Fn(usize, bytes::Bytes) + Sync)) -> Result<Option<Vec<usize>>, ObjectError> {
+        if !self.streams() {
+            return Ok(None);
+        }
+        let (held, afar): (Vec<usize>, Vec<usize>) = (0..ids.len()).partition(|&k| self.cache.holds(&ids[k]));
+        if afar.is_empty() {
+            return Ok(None);
+        }
+        let mut absent = Vec::new();
+        for k in held {
+            let mut buf = Vec::new();
+            match self.cache.get_into(&ids[k], &mut buf)? {
+                true => deliver(k, buf.into()),
+                false => absent.push(k), // evicted meanwhile: from the bucket too
+            }
+        }
+        let mut afar = afar;
+        afar.extend(absent);
+        self.bucket_reads.fetch_add(1, Ordering::AcqRel);
+        let afar_ids: Vec<ObjectId> = afar.iter().map(|&k| ids[k]).collect();
+        let absent = self.bucket.download_each(&afar_ids, &|j, bytes| deliver(afar[j], bytes))?;
+        Ok(Some(absent.into_iter().map(|j| afar[j]).collect()))
+    }
+
     /// What the cache lacks of `fetched` (its rejected copies left out), written behind the caller.
     fn keep_fetched(&self, fetched: Fetched) {
         let fresh: Vec<(ObjectId, bytes::Bytes)> =

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use object_store::{GetOptions, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 
 use super::error::RemoteError;
 use super::url::BucketUrl;
@@ -46,6 +46,9 @@ pub struct Bucket {
     rt: tokio::runtime::Runtime,
     requests: Requests,
     range_bytes: u64,
+    /// A restore writes each object as it arrives (`store/streamed.rs`) rather than after all arrived
+    /// (`KVSTORE_S3_STREAM`, `s3.rs`).
+    streams_restores: bool,
 }
 
 /// Requests sent so far, by kind (a listing counts once, however many pages it reads): what a restore or a
@@ -73,7 +76,7 @@ impl Bucket {
             .enable_all()
             .build()
             .map_err(|e| RemoteError::Invalid { url: url.display(), detail: format!("starting the I/O runtime: {e}") })?;
-        Ok(Bucket { store, prefix: url.prefix.clone(), url: url.display(), rt, requests: Requests::default(), range_bytes: RANGE_BYTES })
+        Ok(Bucket { store, prefix: url.prefix.clone(), url: url.display(), rt, requests: Requests::default(), range_bytes: RANGE_BYTES, streams_restores: false })
     }
 
     /// The least bytes a restore's ranged GET asks for (`RANGE_BYTES` unless set).
@@ -84,6 +87,16 @@ impl Bucket {
 
     pub fn range_bytes(&self) -> u64 {
         self.range_bytes
+    }
+
+    /// Whether a restore is written as its objects arrive (false unless set).
+    pub fn with_streamed_restores(mut self, on: bool) -> Bucket {
+        self.streams_restores = on;
+        self
+    }
+
+    pub fn streams_restores(&self) -> bool {
+        self.streams_restores
     }
 
     pub fn url(&self) -> &str {
@@ -167,6 +180,30 @@ impl Bucket {
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.err(e)),
         }
+    }
+
+    /// [`get_range_async`](Self::get_range_async), each chunk of the body handed to `each` as it arrives;
+    /// Some(bytes received), None if `rel` does not exist.
+    pub async fn get_range_each(
+        &self,
+        rel: &str,
+        range: std::ops::Range<u64>,
+        mut each: impl FnMut(Bytes),
+    ) -> Result<Option<u64>, RemoteError> {
+        count(&self.requests.get_range);
+        let got = match self.store.get_opts(&self.path(rel), GetOptions::new().with_range(Some(range))).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.err(e)),
+        };
+        let mut body = got.into_stream();
+        let mut received = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| self.err(e))?;
+            received += chunk.len() as u64;
+            each(chunk);
+        }
+        Ok(Some(received))
     }
 
     pub async fn head_async(&self, rel: &str) -> Result<Option<Meta>, RemoteError> {

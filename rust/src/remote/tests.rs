@@ -16,8 +16,9 @@ use crate::objects::Backend;
 use crate::store::{Store, Target};
 use crate::testutil::{fp, put_synthetic, TempDir};
 
+/// A bucket as one on another machine is by default: restores streamed (`KVSTORE_S3_STREAM` auto).
 pub(super) fn bucket(store: Arc<dyn object_store::ObjectStore>) -> Bucket {
-    Bucket::new(store, &url::parse("s3://test-bucket/team").unwrap()).unwrap()
+    Bucket::new(store, &url::parse("s3://test-bucket/team").unwrap()).unwrap().with_streamed_restores(true)
 }
 
 pub(super) fn quick() -> RemoteOptions {
@@ -43,7 +44,12 @@ pub(super) fn machine(mem: &Arc<InMemory>, d: &TempDir, limit: Option<u64>, opts
 
 /// A machine over any object store (a test double that wraps the in-memory one).
 pub(super) fn machine_over(store: Arc<dyn object_store::ObjectStore>, d: &TempDir, limit: Option<u64>, opts: RemoteOptions) -> Machine {
-    let p = open_with(bucket(store), &d.0, limit, 16, 1 << 26, opts).unwrap();
+    machine_of(bucket(store), d, limit, opts)
+}
+
+/// A machine over `bucket` as given.
+pub(super) fn machine_of(bucket: Bucket, d: &TempDir, limit: Option<u64>, opts: RemoteOptions) -> Machine {
+    let p = open_with(bucket, &d.0, limit, 16, 1 << 26, opts).unwrap();
     let cat = p.catalog.clone();
     Machine { store: Store::from_parts(p.root, p.index, p.objects, p.catalog, 1).unwrap(), cat }
 }

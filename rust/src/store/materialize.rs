@@ -43,7 +43,8 @@ pub struct MaterializeReport {
     pub read_stored_bytes: u64,
     /// What vouched for the bytes: "file xxh3" (every part from this machine's files), "file blake3" (some
     /// from a bucket, or a manifest older than the xxh3 sum), "objects" (each object hashed: a rebuild for
-    /// another stream count, or the second read after a mismatch).
+    /// another stream count, or the second read after a mismatch), "objects as they arrived" (a restore from
+    /// afar written as its objects arrived: `streamed.rs`).
     pub verified_by: &'static str,
     pub elapsed_s: f64,
 }
@@ -59,7 +60,8 @@ pub struct Loaded {
     pub read_raw_bytes: u64,
     pub read_stored_bytes: u64,
     /// What a bucket store fetched for a read checked by the file hash (`Backend::fetch`), for the caller to
-    /// keep once the hash matched (a read that hashed each object kept its own already: then empty).
+    /// keep once the hash matched (a read that hashed each object kept its own already: then empty; a
+    /// streamed restore's: what arrived and matched, kept once the file is in place).
     fetched: Fetched,
     /// Each object was hashed as it was read (`Check::EachObject`); else only the rebuilt file's hash will
     /// vouch for them.
@@ -67,6 +69,35 @@ pub struct Loaded {
     /// Every part was read from a file this machine holds, none from a bucket (`file_check.rs`: which sum
     /// checks the rebuilt file).
     local: bool,
+    /// Written as its objects arrived, each checked then (`streamed.rs`).
+    streamed: bool,
+}
+
+impl Loaded {
+    /// What a streamed restore read (`streamed.rs`): every object checked against its id as it arrived.
+    pub(super) fn arrived(
+        manifest_id: ObjectId,
+        manifest: Manifest,
+        skeleton: Vec<u8>,
+        objects_read: usize,
+        read_raw_bytes: u64,
+        read_stored_bytes: u64,
+        fetched: Fetched,
+    ) -> Self {
+        Loaded {
+            manifest_id,
+            manifest,
+            skeleton,
+            blocks: HashMap::new(),
+            objects_read,
+            read_raw_bytes,
+            read_stored_bytes,
+            fetched,
+            hashed_each: true,
+            local: false,
+            streamed: true,
+        }
+    }
 }
 
 impl Store {
@@ -160,6 +191,7 @@ impl Store {
             },
             hashed_each: matches!(check, Check::EachObject),
             local,
+            streamed: false,
         })
     }
 
@@ -222,7 +254,13 @@ impl Store {
                 return self.publish(w, t0);
             }
         }
-        let w = self.write_state(target, None, out_path, expect, n_stream, durable)?;
+        // A state read from afar is written as its objects arrive (`streamed.rs`); else, or where that gave
+        // up, as usual.
+        let state = self.resolve(target)?;
+        if let Some(w) = self.write_streamed(target, &state, out_path, expect, n_stream, durable)? {
+            return self.publish(w, t0);
+        }
+        let w = self.write_state(target, Some(&state), out_path, expect, n_stream, durable)?;
         self.publish(w, t0)
     }
 
@@ -285,9 +323,10 @@ impl Store {
             objects_read: loaded.objects_read,
             read_raw_bytes: loaded.read_raw_bytes,
             read_stored_bytes: loaded.read_stored_bytes,
-            verified_by: match loaded.hashed_each {
-                true => "objects",
-                false => FileSum::for_read(&loaded.manifest, loaded.local).name(),
+            verified_by: match (loaded.streamed, loaded.hashed_each) {
+                (true, _) => "objects as they arrived",
+                (false, true) => "objects",
+                (false, false) => FileSum::for_read(&loaded.manifest, loaded.local).name(),
             },
             elapsed_s: t0.elapsed().as_secs_f64(),
         };
@@ -353,10 +392,10 @@ fn write_checked(
 }
 
 /// A state's file written and checked, not yet in place, with what its read used.
-struct Written {
-    loaded: Loaded,
-    file: Unpublished,
-    file_bytes: u64,
+pub(super) struct Written {
+    pub(super) loaded: Loaded,
+    pub(super) file: Unpublished,
+    pub(super) file_bytes: u64,
 }
 
 /// How a rebuild's objects are verified.

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `ingest.rs` | a slot file → objects + one index commit |
 //! | `materialize.rs` | load, rebuild, materialize (objects → a byte-exact slot file) |
+//! | `streamed.rs` | a restore from afar written as its objects arrive |
 //! | `lookup.rs` | longest stored token prefix |
 //! | `cut.rs` | a stored state cut at any P (SWA window rows lent by related states) |
 //! | `states.rs` | the named states: get, tokens, list, remove, touch |
@@ -35,6 +36,7 @@ mod states;
 mod ingest;
 mod lookup;
 mod materialize;
+mod streamed;
 mod cut;
 mod stats;
 mod buffers;
