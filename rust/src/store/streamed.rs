@@ -71,7 +71,8 @@ impl Store {
         durable: bool,
     ) -> Result<Option<Written>> {
         let (mid, manifest) = state;
-        if n_stream.is_some_and(|k| k != manifest.n_stream) {
+        let backend = self.objects.backend();
+        if !backend.streams() || n_stream.is_some_and(|k| k != manifest.n_stream) {
             return Ok(None);
         }
         if let Some(expect) = expect {
@@ -90,8 +91,7 @@ impl Store {
                 refs[slot].push(i);
             }
         }
-        let backend = self.objects.backend();
-        if !backend.streams() || backend.holds_here(&want) {
+        if backend.holds_here(&want) {
             return Ok(None); // nothing would arrive as it streams: no threads started for it
         }
         let shared = Shared {
