@@ -213,14 +213,7 @@ impl ObjectStore {
     /// `get_fetched`.
     pub fn get_for_file_hash(&self, id: &ObjectId, buffer: &BufferFor<'_>, fetched: &Fetched) -> Result<Option<(Part, u64)>, ObjectError> {
         if let Some(encoded) = fetched.get(id).cloned().or_else(|| self.backend.in_memory(id)) {
-            let raw = encoded.len() >= codec::HEADER_LEN
-                && codec::is_raw_file(encoded[..codec::HEADER_LEN].try_into().expect("header length"), encoded.len() as u64);
-            let part = if raw {
-                Some(Part::Shared(encoded.slice(codec::HEADER_LEN..)))
-            } else {
-                decode_with(&encoded, buffer).ok().map(Part::Buffer)
-            };
-            return Ok(part.map(|p| (p, encoded.len() as u64)));
+            return Ok(part_of(&encoded, buffer).ok().map(|p| (p, encoded.len() as u64)));
         }
         if let Some(mapped) = self.backend.local_file(id).map(|path| map_raw(&path)).transpose()?.flatten() {
             return Ok(Some(mapped));
@@ -252,15 +245,22 @@ impl ObjectStore {
 /// object the usual way, which quarantines a bad stored copy where it lies). A raw object's bytes stay where
 /// they arrived (`Part::Shared`); another is decoded into `buffer(raw_len)`.
 pub fn check_arrived(id: &ObjectId, encoded: &bytes::Bytes, scope: &Scope, buffer: &BufferFor<'_>) -> Result<Part, String> {
-    let raw = encoded.len() >= codec::HEADER_LEN
-        && codec::is_raw_file(encoded[..codec::HEADER_LEN].try_into().expect("header length"), encoded.len() as u64);
-    let part = match raw {
-        true => Part::Shared(encoded.slice(codec::HEADER_LEN..)),
-        false => Part::Buffer(decode_with(encoded, buffer)?),
-    };
+    let part = part_of(encoded, buffer)?;
     match scope.id_of(&part) == *id {
         true => Ok(part),
         false => Err("hash mismatch".to_string()),
+    }
+}
+
+/// The bytes of an object held encoded in memory (fetched, or waiting for its cache fill), unchecked: a raw
+/// object's stay where they are (`Part::Shared`), another is decoded into `buffer(raw_len)`; Err(why) where it
+/// does not decode.
+fn part_of(encoded: &bytes::Bytes, buffer: &BufferFor<'_>) -> Result<Part, String> {
+    let raw = encoded.len() >= codec::HEADER_LEN
+        && codec::is_raw_file(encoded[..codec::HEADER_LEN].try_into().expect("header length"), encoded.len() as u64);
+    match raw {
+        true => Ok(Part::Shared(encoded.slice(codec::HEADER_LEN..))),
+        false => decode_with(encoded, buffer).map(Part::Buffer),
     }
 }
 
