@@ -5,8 +5,8 @@
 Prints: save (upload) and restore (cold cache / warm cache) throughput next to a local store's, a plain GET of
 one object as large as the state's stored bytes (and of one as large as its file), the cost of a save whose
 objects are all known (lock + name compare-and-swap), of the first save after a gc elsewhere (the cache
-re-check), and how long a dead endpoint takes to fail. Each timing is the median of N runs (default 5); the restores, the copy and the GET run side by
-side in each round.
+re-check), and how long a dead endpoint takes to fail. Each timing is the median of N runs (default 5); the
+restores, the copy and the GET run side by side in each round.
 """
 from __future__ import annotations
 
