@@ -229,8 +229,9 @@ impl BucketObjects {
         Ok(absent)
     }
 
-    /// [`read_spans`](Self::read_spans) handing each object to `deliver` as soon as it is whole; returns the
-    /// slots not delivered (a range not there, or cut short; a failed span with a `tolerant` slot in it).
+    /// Read these (pack, slot, entry)s by ranged GETs (`plan_spans`), each object handed to `deliver` as soon
+    /// as it is whole; returns the slots not delivered (a range not there, or cut short; a failed span with a
+    /// `tolerant` slot in it).
     fn stream_spans(
         &self,
         wanted: Vec<(ObjectId, usize, Entry)>,
@@ -245,17 +246,27 @@ impl BucketObjects {
             // The bytes from `start` on: each part leaves as a slice of the front split off at its end (no copy).
             let mut start = s.start;
             let mut buf = bytes::BytesMut::with_capacity((s.end - s.start) as usize);
+            // The part delivered last: an object asked for twice (two slots, one place) gets its bytes again.
+            let mut last: Option<(Entry, Bytes)> = None;
             let got = b
                 .get_range_each(&pack_key(&s.pack), s.start..s.end, |chunk| {
                     buf.extend_from_slice(&chunk);
                     while let Some(&(k, e)) = parts.get(next) {
                         let end = e.offset + e.len as u64;
-                        if e.offset < start || end > start + buf.len() as u64 {
-                            break; // not whole yet (or overlapping one delivered: left to the fallback)
+                        if e.offset < start {
+                            match &last {
+                                Some((le, bytes)) if (le.offset, le.len) == (e.offset, e.len) => deliver(k, bytes.clone()),
+                                _ => break, // overlaps one delivered (not a pack's layout): left to the fallback
+                            }
+                        } else if end > start + buf.len() as u64 {
+                            break; // not whole yet
+                        } else {
+                            let front = buf.split_to((end - start) as usize).freeze();
+                            let bytes = front.slice((e.offset - start) as usize..);
+                            deliver(k, bytes.clone());
+                            last = Some((e, bytes));
+                            start = end;
                         }
-                        let front = buf.split_to((end - start) as usize).freeze();
-                        deliver(k, front.slice((e.offset - start) as usize..));
-                        start = end;
                         next += 1;
                     }
                 })
@@ -278,7 +289,7 @@ impl BucketObjects {
                 None => left.push(k),
             }
         }
-        left.extend(self.read_spans(wanted, out)?);
+        left.extend(self.read_spans(wanted, &HashSet::new(), out)?);
         Ok(left)
     }
 
@@ -287,30 +298,26 @@ impl BucketObjects {
     /// error: the reads after it find the object, or say why not.
     fn read_placed(&self, ids: &[ObjectId], which: Vec<usize>, out: &mut [Option<Bytes>]) -> Vec<usize> {
         let (wanted, mut left) = self.hints.take_places(ids, which);
-        let tried: Vec<usize> = wanted.iter().map(|(_, k, _)| *k).collect();
-        left.extend(self.read_spans(wanted, out).unwrap_or(tried));
+        let tried: HashSet<usize> = wanted.iter().map(|(_, k, _)| *k).collect();
+        // Every part tolerant: a failed span's parts come back as not read, never as an error.
+        left.extend(self.read_spans(wanted, &tried, out).unwrap_or_else(|_| tried.into_iter().collect()));
         left
     }
 
-    /// Read these (pack, slot, entry)s by ranged GETs (`plan_spans`) into `out[slot]`; returns the slots whose
-    /// range was not there (a pack deleted or rewritten since it was listed).
-    fn read_spans(&self, wanted: Vec<(ObjectId, usize, Entry)>, out: &mut [Option<Bytes>]) -> Result<Vec<usize>, ObjectError> {
-        let b = &*self.bucket;
-        let got = b.run_all(plan_spans(wanted, b.range_bytes()), PARALLEL, |s| async move {
-            let bytes = b.get_range_async(&pack_key(&s.pack), s.start..s.end).await?;
-            Ok((s, bytes))
-        })?;
-        let mut missed = Vec::new();
-        for (s, bytes) in got {
-            match bytes {
-                Some(bytes) if bytes.len() as u64 == s.end - s.start => {
-                    for (k, e) in s.parts {
-                        let at = (e.offset - s.start) as usize;
-                        out[k] = Some(bytes.slice(at..at + e.len as usize));
-                    }
-                }
-                _ => missed.extend(s.parts.iter().map(|(k, _)| *k)),
-            }
+    /// Read these (pack, slot, entry)s by ranged GETs (`plan_spans`) into `out[slot]`; returns the slots not
+    /// read (a range not there: a pack deleted or rewritten since it was listed; or cut short, past the parts
+    /// already whole). Errors other than a missing range end the read, unless every part of the failed span is
+    /// `tolerant`.
+    fn read_spans(
+        &self,
+        wanted: Vec<(ObjectId, usize, Entry)>,
+        tolerant: &HashSet<usize>,
+        out: &mut [Option<Bytes>],
+    ) -> Result<Vec<usize>, ObjectError> {
+        let got = std::sync::Mutex::new(Vec::with_capacity(wanted.len()));
+        let missed = self.stream_spans(wanted, tolerant, &|k, bytes| got.lock().unwrap_or_else(|e| e.into_inner()).push((k, bytes)))?;
+        for (k, bytes) in got.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            out[k] = Some(bytes);
         }
         Ok(missed)
     }
@@ -429,7 +436,7 @@ impl BucketObjects {
             batch.iter().flat_map(|(pid, keep)| keep.iter().map(move |e| (*pid, *e))).collect();
         let mut got: Vec<Option<Bytes>> = vec![None; survivors.len()];
         let wanted = survivors.iter().enumerate().map(|(k, (pid, e))| (*pid, k, *e)).collect();
-        if let Some(&k) = self.read_spans(wanted, &mut got)?.first() {
+        if let Some(&k) = self.read_spans(wanted, &HashSet::new(), &mut got)?.first() {
             // The pack changed under the plan (a prune elsewhere, which the gc lock should exclude): stop before
             // deleting anything.
             return Err(ObjectError::Missing { id: survivors[k].1.id });

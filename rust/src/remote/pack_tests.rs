@@ -66,6 +66,13 @@ fn a_save_goes_up_as_one_pack_and_a_cold_machine_reads_it_back() {
         let bytes = g.as_ref().expect("downloaded");
         assert_eq!(bytes, &a.cat.objects.get(id).unwrap().unwrap()[..]);
     }
+    // An object asked for twice gets its bytes twice from the one range (no listing of the packs again).
+    let listings = b.cat.objects.listings();
+    let twice = vec![ids[0], ids[1], ids[0]];
+    for (id, g) in twice.iter().zip(b.cat.objects.download(twice.clone()).unwrap()) {
+        assert_eq!(g.as_deref(), Some(&a.cat.objects.get(id).unwrap().unwrap()[..]));
+    }
+    assert_eq!(b.cat.objects.listings(), listings);
     assert_eq!(b.cat.objects.download(vec![ObjectId([7; 32])]).unwrap(), vec![None]);
     let v = b.verify_where(crate::store::Where::Bucket, &mut |_, _| Ok(())).unwrap();
     assert!(v.corrupt.is_empty() && v.missing.is_empty() && v.objects_checked >= 7, "{v:?}");
