@@ -19,6 +19,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use bytes::Bytes;
 
+use super::buffers::Buffers;
 use super::materialize::{Loaded, Written};
 use super::{label, Store, Target};
 use crate::error::Result;
@@ -56,6 +57,8 @@ struct Shared<'a> {
     skeleton: Mutex<Option<Vec<u8>>>,
     /// The first I/O error writing the temp file (reported: the usual read would meet the same disk).
     io_error: Mutex<Option<ObjectError>>,
+    /// Where a decoded object's buffer comes from and goes back to once its rows are written.
+    buffers: &'a Buffers,
 }
 
 impl Store {
@@ -105,6 +108,7 @@ impl Store {
             arrived: Mutex::new(HashMap::new()),
             skeleton: Mutex::new(None),
             io_error: Mutex::new(None),
+            buffers: &self.buffers,
         };
         let scope = manifest.object_scope();
         let (tx, rx) = mpsc::channel::<(usize, Bytes)>();
@@ -114,7 +118,7 @@ impl Store {
                 sc.spawn(|| loop {
                     let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                     let Ok((slot, encoded)) = next else { return };
-                    shared.take(slot, encoded, &scope, &|n| self.buffers.take(n));
+                    shared.take(slot, encoded, &scope);
                 });
             }
             let deliver = move |slot: usize, encoded: Bytes| {
@@ -151,8 +155,8 @@ impl Store {
 
 impl Shared<'_> {
     /// One arrived object: checked, then written (a block) or placed (the skeleton).
-    fn take(&self, slot: usize, encoded: Bytes, scope: &crate::scope::Scope, buffer: &crate::objects::BufferFor<'_>) {
-        let part = match check_arrived(&self.want[slot], &encoded, scope, buffer) {
+    fn take(&self, slot: usize, encoded: Bytes, scope: &crate::scope::Scope) {
+        let part = match check_arrived(&self.want[slot], &encoded, scope, &|n| self.buffers.take(n)) {
             Ok(part) => part,
             Err(_) => return self.abandon(),
         };
@@ -161,17 +165,27 @@ impl Shared<'_> {
             self.place(&part);
         }
         if self.refs[slot].is_empty() {
-            return; // the skeleton alone
+            return self.recycle(part); // the skeleton alone
         }
         let placed = {
             let mut stage = self.stage.lock().unwrap();
             match &mut *stage {
-                Stage::Placed(p) => p.clone(),
+                Stage::Placed(p) => Some(p.clone()),
                 Stage::Waiting(early) => return early.push((slot, part)),
-                Stage::Abandoned => return,
+                Stage::Abandoned => None,
             }
         };
-        self.write_block(&placed, slot, &part);
+        if let Some(placed) = placed {
+            self.write_block(&placed, slot, &part);
+        }
+        self.recycle(part);
+    }
+
+    /// A decoded object's buffer back to the store's (its rows are in the file, or will not be written).
+    fn recycle(&self, part: Part) {
+        if let Part::Buffer(buffer) = part {
+            self.buffers.give(buffer);
+        }
     }
 
     /// The skeleton checked: the file created at its length, the made bytes written, and the blocks that
@@ -210,6 +224,7 @@ impl Shared<'_> {
         };
         for (slot, part) in early {
             self.write_block(&placed, slot, &part);
+            self.recycle(part);
         }
     }
 
