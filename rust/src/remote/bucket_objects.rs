@@ -306,8 +306,8 @@ impl BucketObjects {
 
     /// Read these (pack, slot, entry)s by ranged GETs (`plan_spans`) into `out[slot]`; returns the slots not
     /// read (a range not there: a pack deleted or rewritten since it was listed; or cut short, past the parts
-    /// already whole). Errors other than a missing range end the read, unless every part of the failed span is
-    /// `tolerant`.
+    /// already whole). Errors other than a missing range end the read, unless a part of the failed span not yet
+    /// read is `tolerant` (as `stream_spans`; callers pass none or all).
     fn read_spans(
         &self,
         wanted: Vec<(ObjectId, usize, Entry)>,
