@@ -242,12 +242,49 @@ impl Shared<'_> {
         }
     }
 
+    /// The usual read takes over; blocks that waited for the skeleton give their buffers back, for that read.
     fn abandon(&self) {
-        *self.stage.lock().unwrap() = Stage::Abandoned;
+        let was = std::mem::replace(&mut *self.stage.lock().unwrap(), Stage::Abandoned);
+        if let Stage::Waiting(early) = was {
+            for (_, part) in early {
+                self.recycle(part);
+            }
+        }
     }
 
     fn fail(&self, e: ObjectError) {
         self.io_error.lock().unwrap().get_or_insert(e);
         self.abandon();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::tests_support::manifest;
+
+    #[test]
+    fn blocks_that_waited_for_the_skeleton_give_their_buffers_back_when_the_stream_is_abandoned() {
+        let manifest = manifest(4, Default::default());
+        let want = [manifest.blocks[0], manifest.skeleton];
+        let buffers = Buffers::default();
+        let shared = Shared {
+            manifest: &manifest,
+            want: &want,
+            refs: vec![vec![0], vec![]],
+            skeleton_slot: 1,
+            out_path: Path::new("/nonexistent/out.bin"),
+            stage: Mutex::new(Stage::Waiting(vec![(0, Part::Buffer(Vec::with_capacity(4096)))])),
+            temp: Mutex::new(None),
+            arrived: Mutex::new(HashMap::new()),
+            skeleton: Mutex::new(None),
+            io_error: Mutex::new(None),
+            buffers: &buffers,
+        };
+        shared.abandon();
+        assert!(matches!(*shared.stage.lock().unwrap(), Stage::Abandoned));
+        assert!(buffers.kept_bytes() >= 4096, "the early block's buffer is back in the pool");
+        shared.abandon(); // a second abandon (another worker's failed check) finds nothing more to give back
+        assert!(buffers.kept_bytes() >= 4096);
     }
 }
