@@ -93,6 +93,19 @@ def get(base: str, path: str, headers: Optional[dict] = None) -> Reply:
     return request(base + path, "GET", None, headers)
 
 
+def tokens_for(seconds: float, upstream: str, headers: Optional[dict] = None, at_most: int = 1800) -> int:
+    """How many tokens llama-server at `upstream` generates in about `seconds` now (from a short generation's
+    `timings`, slot 0 erased after it), at least 100 and at most `at_most`. For a test that needs a request to run
+    longer than some bound: a fixed count long enough for a fast machine runs for a minute on a slow one, and an
+    abandoned request may go on that long after its client left."""
+    r = post(upstream, "/completion", {"prompt": "Once upon a time", "n_predict": 48, "ignore_eos": True,
+                                       "temperature": 0, "id_slot": 0}, headers)
+    assert r.status == 200, r.body[:300]
+    erased = post(upstream, "/slots/0?action=erase", {}, headers)
+    assert erased.status == 200, erased.body[:300]
+    return max(100, min(at_most, int(r.json["timings"]["predicted_per_second"] * seconds)))
+
+
 def complete(base: str, prompt: Any, *, name: Optional[str] = None, parent: Optional[str] = None,
              n_predict: int = 8, headers: Optional[dict] = None, **extra) -> Reply:
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "seed": 1}

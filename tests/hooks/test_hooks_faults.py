@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hooks_support import ROOT, THREADS, complete, engine, get, hooks, intro, post, request, stack
+from hooks_support import ROOT, THREADS, complete, engine, get, hooks, intro, post, request, stack, tokens_for
 
 from kvstore.config import sync_dir
 from kvstore.engine import free_port, wait_healthy
@@ -191,18 +191,21 @@ def test_a_long_alive_evaluation_is_not_cut_by_the_stall_probe(tmp_path):
     # machine (1,000 tokens in a 1,024-cell slot took only 4.3 s: the slot filled and generation stopped)
     up = External(store, tmp_path / "llama.log", ctx=8192)
     stall = 3.0
-    with stack(up), hooks(up.url, store, upstream_stall_timeout=stall) as hk:
-        text = " ".join(intro(i % 5) for i in range(12))  # ~900 tokens of prompt, then a long generation
-        body = {"prompt": text, "n_predict": 3000, "ignore_eos": True, "temperature": 0,
-                "cache_prompt_name": "long"}
-        answered = hk.hooks.wired.up.probes_answered
-        r = request(hk.url + "/completion", "POST", body, timeout=600)
-        assert r.status == 200, (r.status, r.body[:300])
-        t = r.json["timings"]
-        spent = (t["prompt_ms"] + t["predicted_ms"]) / 1000  # llama-server's own measure of its work
-        assert spent > 2 * stall, f"evaluation took {spent:.1f} s: too short to show anything; make it longer"
-        assert hk.hooks.wired.up.probes_answered - answered >= spent / 2  # probes were answered meanwhile
-        assert get(hk.url, "/kvstore/stats").json["counters"].get("upstream_stalls", 0) == 0
+    with stack(up):
+        # ~12 s of generation at this machine's present rate (4 stall timeouts; the check below wants more than 2)
+        n_predict = tokens_for(4 * stall, up.url, at_most=3000)
+        with hooks(up.url, store, upstream_stall_timeout=stall) as hk:
+            text = " ".join(intro(i % 5) for i in range(12))  # ~900 tokens of prompt, then a long generation
+            body = {"prompt": text, "n_predict": n_predict, "ignore_eos": True, "temperature": 0,
+                    "cache_prompt_name": "long"}
+            answered = hk.hooks.wired.up.probes_answered
+            r = request(hk.url + "/completion", "POST", body, timeout=600)
+            assert r.status == 200, (r.status, r.body[:300])
+            t = r.json["timings"]
+            spent = (t["prompt_ms"] + t["predicted_ms"]) / 1000  # llama-server's own measure of its work
+            assert spent > 2 * stall, f"evaluation took {spent:.1f} s: too short to show anything; make it longer"
+            assert hk.hooks.wired.up.probes_answered - answered >= spent / 2  # probes were answered meanwhile
+            assert get(hk.url, "/kvstore/stats").json["counters"].get("upstream_stalls", 0) == 0
 
 
 def test_restarted_upstream_is_detected_and_names_restored(tmp_path):
