@@ -80,6 +80,39 @@ def w2_label(order: str, parents: bool, naming: str, inflight: int) -> str:
     return f"W2 {order}{extra}{' +parents' if parents else ''}"
 
 
+def w2_variant(label: str) -> tuple:
+    """Inverse of `w2_label`: ((order, naming, in flight), parents)."""
+    words = label.split()
+    naming = next((w[5:] for w in words if w.startswith("name=")), "question")
+    inflight = next((int(w[1:]) for w in words if w[:1] == "x" and w[1:].isdigit()), 1)
+    return (words[1], naming, inflight), "+parents" in words
+
+
+def w2_matrix(rows: list) -> list:
+    """W2's variants side by side, prompt tokens evaluated / ideal: a row per (order, naming, requests in flight),
+    a column per target (and +parents), every cell from this run (the README's W2 table)."""
+    w2 = [r for r in rows if r["workload"].startswith("W2 ")]
+    cells, columns = {}, []
+    for r in w2:
+        key, parents = w2_variant(r["workload"])
+        column = r["target"] + (" +parents" if parents else "")
+        columns += [column] if column not in columns else []
+        cells[key, column] = r["ratio_to_ideal"]
+    keys = sorted({k for k, _ in cells}, key=lambda k: (k[2], k[1] != "question", k[0] != "article-major"))
+    if len(keys) < 2:
+        return []
+    ideals = sorted({r["ideal"] for r in w2})
+    lines = [f"\nW2, prompt tokens evaluated / ideal, every row of the same run (`ideal` "
+             f"{' / '.join(map(str, ideals))} tokens):\n",
+             "| W2 row (order, what the state is named after, requests in flight) | " + " | ".join(columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for order, naming, inflight in keys:
+        got = [cells.get(((order, naming, inflight), c)) for c in columns]
+        lines.append(f"| {order}, name = {naming}, {inflight} in flight | "
+                     + " | ".join("-" if v is None else f"{v:.3f}" for v in got) + " |")
+    return lines
+
+
 def run_workload(name: str, spec, model: str, cfg: dict) -> list:
     """One fresh target per workload variant, so no run inherits another's cache."""
     rows = []
@@ -184,6 +217,7 @@ def table(results: dict) -> str:
                          f"{r['ratio_to_ideal']} | {r['cache_n']} | "
                          f"{'-' if ttft is None else f'{ttft * 1000:.0f} ms'}{rel('ttft_returning_p50_s')}{own_s} | "
                          f"{r['wall_s']} s{rel('wall_s')} | {disk} |")
+        lines.extend(w2_matrix(rows))
         if block.get("slotwait"):
             lines.append(slotwait.line(block["slotwait"]))
         h = block.get("handoff")
