@@ -298,7 +298,8 @@ def main(argv=None) -> int:
     targets = args.targets or cfg["targets"]
     results = {"preset": args.preset, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "machine": f"{platform.machine()} {platform.processor() or ''} cpus={__import__('os').cpu_count()}",
-               "config": cfg, "models": {}}
+               # what ran: the preset with the command line's selections in place of its own
+               "config": {**cfg, "models": models, "workloads": wls, "targets": targets}, "models": {}}
     for model in models:
         path = str(model_path(model))
         block = results["models"].setdefault(model, {"workloads": []})
