@@ -127,6 +127,11 @@ impl Store {
             backend.stream(&want, &deliver)
             // `deliver` (the channel's only sender) drops here: the workers end once they emptied it
         });
+        // A stream that ended with the file unplaced (the skeleton absent, the transfer failed) is abandoned like
+        // one that failed a check: blocks that waited for the skeleton give their buffers back.
+        if !matches!(*shared.stage.lock().unwrap(), Stage::Placed(_)) {
+            shared.abandon();
+        }
         let absent = match streamed? {
             None => return Ok(None),
             Some(absent) => absent,
