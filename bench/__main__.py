@@ -96,7 +96,8 @@ def w2_matrix(rows: list) -> list:
     for r in w2:
         key, parents = w2_variant(r["workload"])
         column = r["target"] + (" +parents" if parents else "")
-        columns += [column] if column not in columns else []
+        if column not in columns:
+            columns.append(column)
         cells[key, column] = r["ratio_to_ideal"]
     keys = sorted({k for k, _ in cells}, key=lambda k: (k[2], k[1] != "question", k[0] != "article-major"))
     if len(keys) < 2:

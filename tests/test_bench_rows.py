@@ -1,7 +1,7 @@
 """bench's arithmetic over rows: the "x its tokens evaluated alone" figure (bench/workloads.py `alone_ratio`) and
 W2's side-by-side table (bench/__main__.py `w2_matrix`)."""
 from bench import workloads
-from bench.__main__ import add_alone_ratios
+from bench.__main__ import add_alone_ratios, w2_label, w2_matrix
 
 
 def row(workload, target, evals):
@@ -28,8 +28,6 @@ def test_rows_get_the_figure_only_with_their_own_targets_one_at_a_time_run():
 
 
 def test_w2_matrix_puts_each_variant_in_its_row_and_each_target_in_its_column():
-    from bench.__main__ import w2_label, w2_matrix
-
     def w2(order, parents, naming, inflight, target, ratio):
         return {"workload": w2_label(order, parents, naming, inflight), "target": target, "ideal": 100,
                 "ratio_to_ideal": ratio}

@@ -19,11 +19,12 @@ def test_a_timed_out_slot_stays_its_owners(tmp_path):
 
     store = tmp_path / "store"
     up_key = secrets.token_urlsafe(16)
+    own_key = {"Authorization": f"Bearer {up_key}"}  # llama-server's own, for asking it directly
     srv = engine("smollm2", store, parallel=1, api_key=up_key)
     with stack(srv):
         # A's request: ~6 s of generation, past the 2 s bound even if this machine runs threefold faster meanwhile
         # (and not the minute a full slot takes, which llama-server sometimes spends on it after the 504)
-        n_predict = tokens_for(6, srv.url, {"Authorization": f"Bearer {up_key}"})
+        n_predict = tokens_for(6, srv.url, own_key)
         hk = hooks(srv.url, store, tenancy=tenancy_from([KEY_A, KEY_B], [], []), upstream_api_key=up_key,
                    upstream_timeout=2)
         with stack(hk):
@@ -40,7 +41,7 @@ def test_a_timed_out_slot_stays_its_owners(tmp_path):
             assert names_b == [], names_b
             # llama-server may still be generating A's abandoned reply; B's request must not hit the 2 s bound
             # waiting for that slot, so wait until llama-server (asked directly, with its own key) is idle.
-            deadline, own_key = time.monotonic() + 300, {"Authorization": f"Bearer {up_key}"}
+            deadline = time.monotonic() + 300
             while any(sl.get("is_processing") for sl in get(srv.url, "/slots", own_key).json):
                 assert time.monotonic() < deadline, "llama-server still busy with the abandoned request"
                 time.sleep(0.2)
