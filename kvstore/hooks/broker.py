@@ -361,8 +361,11 @@ class Broker:
             slot = lease.slot
             try:
                 r = await self.up.completion(prompt, n_predict=0, id_slot=slot.id, cache_prompt=True, temperature=0)
-            finally:
-                self.table.evaluated(slot)
+            except UpstreamReply:
+                raise  # refused (a prompt over the context): nothing evaluated, the slot keeps what it held
+            except BaseException:
+                self.table.evaluated(slot)  # cut off mid-evaluation: the slot holds a prefix of this prompt
+                raise
             self.table.evaluated(slot, await tokens_fn() or [])
             timings = r.get("timings") or {}
             self.metrics.evaluated(kind, timings, n_restored)

@@ -74,16 +74,21 @@ class Handlers:
             if lease.decision is not None:
                 headers["X-KV-Decision"] = lease.decision.header()
             seen = _Tee(bool(body.get("stream")))
+            status = None
             try:
                 resp = await w.up.forward(request, path, body=json.dumps(body).encode(), extra_headers=headers,
                                           tee=seen)
+                status = resp.status
                 if request.get(CUT) is not None:
                     raise ReplyCut()  # the reply is already on its way: only the slot needs marking
             except ReplyCut:
                 w.table.lost(slot)
                 return resp
             finally:
-                if seen.started:
+                # A request llama-server refused (an error status: a prompt over the context, a bad field) evaluated
+                # nothing: the slot keeps what it held, unmarked. Marked, a slot given to this name with another
+                # name's content in it (saved, reused in place) would be saved under this name.
+                if seen.started and (status is None or status < 400):
                     w.table.evaluated(slot, tokens_fn.value or [])
                     # Let the restart watch see this task's id soon: a restart right after it is then noticed.
                     h.check_upstream_soon()

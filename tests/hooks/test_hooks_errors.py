@@ -2,8 +2,10 @@
 succeeds, the failure is counted), upstream down (502)."""
 from __future__ import annotations
 
+import pytest
+
 import kvstore
-from hooks_support import complete, engine, get, hooks, intro, metric, post, request, stack
+from hooks_support import QUESTIONS, complete, engine, get, hooks, intro, metric, post, request, stack, tokenize
 
 
 def test_bad_names_raw_slots_corrupt_object_upstream_down(tmp_path, state_files, caplog):
@@ -90,3 +92,37 @@ def test_bad_names_raw_slots_corrupt_object_upstream_down(tmp_path, state_files,
         assert r.status == 502 and "unreachable" in r.json["error"]["message"], r.body
         r = request(u + "/health")
         assert r.status == 502
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_a_request_llama_server_refuses_stores_nothing_under_its_name(model, tmp_path):
+    """One slot, holding alpha's saved state. Requests named beta (a completion, a chat, a prime) whose prompt is over
+    the slot's context are refused by llama-server and evaluate nothing: the slot still holds alpha's content, so
+    beta must not be marked as evaluated there (its next save would store alpha's content as beta). Then beta's
+    real request is stored with its own tokens."""
+    store = tmp_path / "store"
+    srv = engine(model, store, parallel=1)
+    with stack(srv, hooks(srv.url, store)) as (_, h):
+        u, table = h.url, h.hooks.wired.table
+        prompt = intro(0) + QUESTIONS[0]
+        assert complete(u, prompt, name="alpha", n_predict=4).kind == "miss"
+        h.run(table.save_all())
+        alpha = h.run(h.hooks.wired.store.tokens("alpha", namespace=""))
+        too_long = "word " * 3000  # over the slot's 2,048 tokens
+        refused = [post(u, "/completion", {"prompt": too_long, "n_predict": 2, "cache_prompt_name": "beta"}),
+                   post(u, "/v1/chat/completions", {"messages": [{"role": "user", "content": too_long}],
+                                                    "max_tokens": 2}, {"X-KV-Name": "beta"}),
+                   post(u, "/kvstore/states/beta", {"prompt": too_long})]
+        for r in refused:
+            assert r.status == 400 and "context" in r.json["error"]["message"], (r.status, r.body[:300])
+        h.run(table.save_all())
+        assert [s["name"] for s in get(u, "/kvstore/states").json["states"]] == ["alpha"]
+        assert h.run(h.hooks.wired.store.tokens("alpha", namespace="")) == alpha
+        assert not any(s.dirty for s in table.slots), [s.as_dict() for s in table.slots]
+        # beta's own request: stored with its own tokens (its prompt, then its reply), not alpha's.
+        beta_prompt = intro(1) + QUESTIONS[1]
+        r = complete(u, beta_prompt, name="beta", n_predict=4)
+        assert r.status == 200
+        h.run(table.save_all())
+        beta = h.run(h.hooks.wired.store.tokens("beta", namespace=""))
+        assert beta[:len(tokenize(u, beta_prompt))] == tokenize(u, beta_prompt), (len(beta), len(alpha))
