@@ -7,8 +7,9 @@ module only says how it should choose.
 * **Key.** A request is hashed on its state's name, read as `kvstore serve` reads it (`naming.py`, the one source
   of the field names): the body's `cache_prompt_name`, else the `X-KV-Name` header, else (with `--name-from-user`)
   the body's `user`; `/kvstore/states/{name}` on its path. An unnamed request is hashed on the head of its prompt
-  (`prompt`, else the first chat message, else the raw body's first bytes), so questions about one article meet
-  where the article already is. No key at all (a GET, a token-list prompt): round robin.
+  (`prompt`, else the first chat message, else a Responses `input`'s or its `instructions`, else the raw body's
+  first bytes), so questions about one article meet where the article already is. No key at all (a GET, a
+  token-list prompt): round robin.
 * **Bounded load.** `hash-type consistent` (a dead server's keys move, nobody else's) with `hash-balance-factor`:
   no server takes more than that percentage of the average number of requests in flight; past it a request goes
   to the next server on the ring, so one hot key cannot fill one server while another idles.
@@ -39,8 +40,9 @@ BALANCES = ("name", "roundrobin")
 STATES_PATH = "/kvstore/states/"  # /kvstore/states/{name}: the name is the path's 4th field
 KEY_VAR = "txn.kv_key"
 SERVER_HEADER = "X-KV-Server"
-# JSON fields whose head stands for an unnamed prompt: llama-server's /completion and the OpenAI chat API.
-PROMPT_PATHS = ("$.prompt", "$.messages[0].content")
+# JSON fields whose head stands for an unnamed prompt: llama-server's /completion, the OpenAI chat API, and its
+# Responses API (the input as a string or its first item's text, then the instructions, which come first).
+PROMPT_PATHS = ("$.prompt", "$.messages[0].content", "$.input", "$.input[0].content", "$.instructions")
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER = re.compile(r"[A-Za-z0-9-]+")
 

@@ -109,8 +109,10 @@ class Broker:
             log.error("store lookup of %r failed: %s", name, e)
             return True
 
-    async def prompt_tokens(self, body: dict, chat: bool) -> Optional[list[int]]:
-        """The prompt's tokens as llama-server will see them (best effort; None if unknown)."""
+    async def prompt_tokens(self, body: Optional[dict], chat: bool) -> Optional[list[int]]:
+        """The prompt's tokens as llama-server will see them (best effort; None if unknown, as for no body)."""
+        if body is None:
+            return None
         try:
             if chat:
                 if not isinstance(body.get("messages"), list):

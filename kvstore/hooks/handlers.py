@@ -17,10 +17,11 @@ from kvstore.errors import StoreFull
 from . import bound as bd
 from . import naming as nm
 from .broker import Once
-from .errors import BadRequest, remote_unavailable
-from .metrics import Metrics, timings_from_sse_tail
+from . import responses_api
+from .errors import BadRequest, NotSupported, remote_unavailable
+from .metrics import Metrics, timings_from_sse_tail, timings_of
 from .auth import Caller
-from .routes import CHAT_PATHS, SLOT_ONLY_PATHS, caller
+from .routes import CHAT_PATHS, RESPONSES_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
 from .wiring import HooksConfig, Wired
 
@@ -62,7 +63,10 @@ class Handlers:
         nm.strip_fields(body)
         bd.strip_fields(body)
         await w.bound.ask(naming.key, asked)
-        tokens_fn = Once(lambda: w.broker.prompt_tokens(body, chat))
+        if path in RESPONSES_PATHS:  # tokenized as the chat request llama-server makes of it; forwarded as it is
+            tokens_fn = Once(lambda: w.broker.prompt_tokens(responses_api.chat_body(body), True))
+        else:
+            tokens_fn = Once(lambda: w.broker.prompt_tokens(body, chat))
         async with w.bound.in_use(naming.key, naming.parent_key), \
                 w.broker.hold(naming, tokens_fn, plan=nameable) as (lease, kind, n_restored):
             slot = lease.slot
@@ -237,6 +241,11 @@ class Handlers:
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         return await self.h.wired.up.forward(request, request.path)
 
+    async def unplaceable(self, request: web.Request) -> web.StreamResponse:
+        raise NotSupported(f"POST {request.path} (Anthropic's Messages API) is not served through kvstore: llama-server "
+                           "rebuilds that request without its id_slot, so it would not run in the slot holding its "
+                           "state; send the conversation to /v1/chat/completions or /v1/responses")
+
 
 async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Json:
     raw = await request.read()
@@ -288,10 +297,9 @@ class _Tee:
         if self.overflow:
             return None
         try:
-            obj = json.loads(bytes(self.buf))
+            return timings_of(json.loads(bytes(self.buf)))
         except ValueError:
             return None
-        return obj.get("timings") if isinstance(obj, dict) else None
 
 
 def jsonable(x: object) -> Json:

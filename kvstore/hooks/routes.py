@@ -21,6 +21,10 @@ from .errors import BadRequest, Forbidden, RouteNotFound
 
 COMPLETION_PATHS = ("/completion", "/completions", "/v1/completions")
 CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
+RESPONSES_PATHS = ("/responses", "/v1/responses")  # OpenAI's Responses API: llama-server honours id_slot there
+# Anthropic's Messages API: llama-server rebuilds the request from the fields it knows and drops id_slot, so it
+# would run in a slot of llama-server's choosing (over a state the hooks keep for another name): refused, with why.
+UNPLACEABLE_PATHS = ("/v1/messages",)
 SLOT_ONLY_PATHS = ("/infill",)  # evaluate in a slot, but never named
 
 _NAME = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})+"
@@ -40,7 +44,8 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
-    *(Route("POST", p, "completion") for p in COMPLETION_PATHS + CHAT_PATHS + SLOT_ONLY_PATHS),
+    *(Route("POST", p, "completion") for p in COMPLETION_PATHS + CHAT_PATHS + RESPONSES_PATHS + SLOT_ONLY_PATHS),
+    *(Route("POST", p, "unplaceable") for p in UNPLACEABLE_PATHS),
     Route("POST", "/slots/{id}", "slot_action", raw=_SLOT),
     Route("GET", "/kvstore/states", "state_list"),
     Route("POST", "/kvstore/states/{name}", "prime", raw=_STATE),
@@ -51,12 +56,17 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/metrics", "prometheus"),
     # Forwarded to llama-server as they are (no slot, no state): read-only facts and stateless computations.
     Route("GET", "/health", "passthrough", open=True),
+    Route("GET", "/v1/health", "passthrough", open=True),
     Route("GET", "/props", "passthrough"),
     Route("GET", "/v1/models", "passthrough", open=True),
     Route("GET", "/models", "passthrough", open=True),
     Route("GET", "/slots", "passthrough", admin=True),
     *(Route("POST", p, "passthrough") for p in ("/tokenize", "/detokenize", "/apply-template", "/embedding",
                                                 "/embeddings", "/v1/embeddings")),
+    # Token counts: the prompt is rendered and tokenized on llama-server's HTTP thread, no slot is touched.
+    *(Route("POST", p, "passthrough") for p in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens",
+                                                "/responses/input_tokens", "/v1/responses/input_tokens",
+                                                "/v1/messages/count_tokens")),
 )
 
 EXACT: dict[str, frozenset[str]] = {m: frozenset(r.path for r in ROUTES if r.method == m and r.raw is None)

@@ -164,6 +164,19 @@ def test_unnamed_questions_about_one_article_meet_on_one_server(farm):
         assert len({s for s, _ in hits}) == 1, (a, hits)
         # the second question found the article in that server's slot
         assert hits[1][1] >= tokens(farm.lb.url, ARTICLES[a]) - SLACK, (a, hits)
+    # The same questions through the Responses API meet on one server too: keyed by the first input item's text, not
+    # the raw body's head (the two bodies begin differently), and the second finds the article in that slot.
+    for a, article in enumerate(ARTICLES):
+        for i, q in enumerate(ARTICLE_QUESTIONS[:2]):
+            item = [{"role": "user", "content": article + "\n" + q}]
+            body = ({"max_output_tokens": 2, "input": item} if i == 0 else
+                    {"temperature": 0, "model": "m", "store": False, "input": item, "max_output_tokens": 2})
+            r = post(farm.lb.url, "/v1/responses", body, auth(KEYS["team"]))
+            assert r.status == 200, r.body[:300]
+            where[a].append((r.headers["X-KV-Server"], r.json["usage"]["input_tokens_details"]["cached_tokens"]))
+    for a, hits in where.items():
+        assert len({s for s, _ in hits[2:]}) == 1, (a, hits)
+        assert hits[3][1] >= tokens(farm.lb.url, ARTICLES[a]) - SLACK, (a, hits)
 
 
 # ---- bounded load -----------------------------------------------------------------------------------------------

@@ -36,4 +36,16 @@ def test_openai_chat_stream_named(tmp_path):
         # The API key is the namespace: another key does not see "ada".
         listed = get(hk.url, "/kvstore/states", {"Authorization": "Bearer sk-other"}).json
         assert listed["namespace"].startswith("key-") and listed["states"] == []
+        # The Responses API, as the client sends it: the conversation so far, named by extra_body.
+        convo = [{"role": m["role"], "content": m["content"]} for m in msgs[:2]]
+        r1 = client.responses.with_raw_response.create(model="m", input=convo, max_output_tokens=6, temperature=0,
+                                                       extra_body={"cache_prompt_name": "ada-r"})
+        t3 = r1.parse().output_text
+        # (llama-server takes an assistant item only with "type": "message")
+        convo += [{"type": "message", "role": "assistant", "content": t3}, {"role": "user", "content": "And my name?"}]
+        r2 = client.responses.with_raw_response.create(model="m", input=convo, max_output_tokens=6, temperature=0,
+                                                       extra_body={"cache_prompt_name": "ada-r"})
+        usage = r2.parse().usage
+        assert r1.headers["X-KV-Name"] == "ada-r" and r2.headers["X-KV-Cache"] == "slot", dict(r2.headers)
+        assert usage.input_tokens - usage.input_tokens_details.cached_tokens < 40, usage
     print(f"\nopenai stream: {t1!r} then {t2!r}; second turn evaluated {evaluated:.0f} tokens")
