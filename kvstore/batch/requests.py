@@ -3,8 +3,8 @@
 Contract: `read(path)` yields one `Line` per input line, in order, holding only its byte offset and length in the
 file (bodies are read again by offset when sent, so memory does not grow with the file), or the reason the line
 cannot run. A line runs if it is a JSON object with a string `custom_id` not seen before, `"method": "POST"`, a
-`url` of `URLS` and an object `body` with one prompt (`messages` for chat, `prompt` as a string or token ids
-otherwise). Empty lines are skipped. Nothing here talks to a server.
+`url` of `URLS` and an object `body` with one prompt (`messages` for chat, `input` for OpenAI's Responses API,
+`prompt` as a string or token ids otherwise). Empty lines are skipped. Nothing here talks to a server.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 CHAT = "/v1/chat/completions"
-URLS = (CHAT, "/v1/completions", "/completion")
+RESPONSES = "/v1/responses"
+URLS = (CHAT, RESPONSES, "/v1/completions", "/completion")
 
 
 @dataclass
@@ -50,6 +51,10 @@ def problem(doc: Any) -> Optional[str]:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             return "a chat request needs `messages` (a non-empty list)"
+    elif url == RESPONSES:
+        given = body.get("input")
+        if not (isinstance(given, str) and given) and not (isinstance(given, list) and given):
+            return "a Responses request needs `input` (a non-empty string or list of items)"
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -9,7 +9,8 @@ enclosing prefix) just before the first request that extends it, and every reque
 `keep_order` in the input's order and without priming (what a plain client does: the benchmark's baseline).
 A request the server refuses is answered with its reply (status and body); one that could not be sent
 (connection refused, 503 after every retry) with an `error`. Prompts are tokenized as llama-server tokenizes them: text with BOS and
-special tokens, chat through the server's own template.
+special tokens, chat (and a Responses request, as the chat request llama-server makes of it) through the server's
+own template.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any, Optional
 
 import aiohttp
 
-from kvstore import llama
+from kvstore import llama, responses_api
 
 from . import requests as rq
 from .output import Output, record
@@ -133,7 +134,12 @@ class Client:
         return doc
 
     async def tokens(self, line: rq.Line, body: dict) -> list[int]:
-        if line.chat:
+        if line.url == rq.RESPONSES:
+            as_chat = responses_api.chat_body(body)
+            if as_chat is None:  # outside the text subset (an image, a reasoning item): no shared prefix planned
+                return []
+            body = as_chat
+        if line.chat or line.url == rq.RESPONSES:
             prompt = llama.prompt_of(await self.ok("POST", llama.APPLY_TEMPLATE, llama.template_request(body)))
         elif isinstance(body["prompt"], list):
             return list(body["prompt"])
@@ -255,7 +261,7 @@ class Batch:
             self.out.write(record(line.custom_id, status=status, body=doc))
             if status == 200:
                 self.s.answered += 1
-                timings = (doc or {}).get("timings") or {} if isinstance(doc, dict) else {}
+                timings = llama.timings_of(doc) or {}  # a Responses reply: from its usage
                 self.s.evaluated += int(timings.get("prompt_n") or 0)
                 kind = headers.get("X-KV-Cache")
                 if kind:

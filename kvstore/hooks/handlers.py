@@ -10,16 +10,15 @@ from typing import Optional, Protocol, Union
 
 from aiohttp import web
 
-from kvstore import page
+from kvstore import llama, page, responses_api
 
 from kvstore.errors import StoreFull
 
 from . import bound as bd
 from . import naming as nm
 from .broker import Once
-from . import responses_api
 from .errors import BadRequest, NotSupported, remote_unavailable
-from .metrics import Metrics, timings_from_sse_tail, timings_of
+from .metrics import Metrics, timings_from_sse_tail
 from .auth import Caller
 from .routes import CHAT_PATHS, RESPONSES_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
@@ -297,7 +296,7 @@ class _Tee:
         if self.overflow:
             return None
         try:
-            return timings_of(json.loads(bytes(self.buf)))
+            return llama.timings_of(json.loads(bytes(self.buf)))
         except ValueError:
             return None
 

@@ -151,21 +151,6 @@ def _gauge(name: str, help_: str, value: Union[int, float]) -> GaugeMetricFamily
     return GaugeMetricFamily(name, help_, value=value)
 
 
-def timings_of(reply: object) -> Optional[dict]:
-    """A non-streamed reply's `timings`. llama-server's Responses API replies carry none, only OpenAI's `usage`:
-    from it the prompt tokens evaluated and reused (`prompt_n`, `cache_n`; no times)."""
-    if not isinstance(reply, dict):
-        return None
-    if isinstance(reply.get("timings"), dict):
-        return reply["timings"]
-    usage = reply.get("usage")
-    details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
-    if isinstance(details, dict) and isinstance(usage.get("input_tokens"), int) \
-            and isinstance(details.get("cached_tokens"), int):
-        return {"prompt_n": usage["input_tokens"] - details["cached_tokens"], "cache_n": details["cached_tokens"]}
-    return None
-
-
 def timings_from_sse_tail(tail: bytes) -> Optional[dict]:
     """The `timings` of the last SSE `data:` chunk that has them, from the tail of a stream."""
     for line in reversed(tail.split(b"\n")):

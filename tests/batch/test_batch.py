@@ -27,11 +27,19 @@ def kv_batch(*args, timeout=900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, cwd=ROOT)
 
 
-def write_batch(path: Path, order: str, *, name_by_article=True, n_predict=4, seed=0, head="") -> list[dict]:
-    """Articles x questions; `head` starts every prompt, so batches on one server share nothing cached."""
-    reqs = [{"custom_id": f"a{a}-q{q}", "method": "POST", "url": "/completion",
-             "body": {"prompt": head + ARTICLES[a] + QUESTIONS[q], "n_predict": n_predict, "temperature": 0,
-                      **({"cache_prompt_name": f"article-{a}-{zlib.crc32(head.encode()):08x}"} if name_by_article else {})}}
+def write_batch(path: Path, order: str, *, name_by_article=True, n_predict=4, seed=0, head="", api="completion"
+                ) -> list[dict]:
+    """Articles x questions; `head` starts every prompt, so batches on one server share nothing cached. api:
+    "completion" (`/completion`, `prompt`) or "responses" (`/v1/responses`, the prompt as `input`)."""
+    def body(a: int, q: int) -> dict:
+        named = {"cache_prompt_name": f"article-{a}-{zlib.crc32(head.encode()):08x}"} if name_by_article else {}
+        if api == "responses":
+            return {"input": head + ARTICLES[a] + QUESTIONS[q], "max_output_tokens": n_predict, "temperature": 0,
+                    **named}
+        return {"prompt": head + ARTICLES[a] + QUESTIONS[q], "n_predict": n_predict, "temperature": 0, **named}
+
+    url = "/v1/responses" if api == "responses" else "/completion"
+    reqs = [{"custom_id": f"a{a}-q{q}", "method": "POST", "url": url, "body": body(a, q)}
             for a in range(len(ARTICLES)) for q in range(len(QUESTIONS))]
     if order == "question-major":
         reqs.sort(key=lambda r: (r["custom_id"].split("-")[1], r["custom_id"]))
@@ -66,18 +74,23 @@ def kvserve(request, tmp_path_factory):
         yield request.param, h.url
 
 
-@pytest.mark.parametrize("order,concurrency", [("shuffled", 2), ("question-major", 4), ("article-major", 2)])
-def test_articles_by_name_in_any_order_evaluate_each_article_once(kvserve, tmp_path, order, concurrency):
+@pytest.mark.parametrize("order,concurrency,api", [("shuffled", 2, "completion"), ("question-major", 4, "completion"),
+                                                   ("article-major", 2, "completion"), ("shuffled", 4, "responses")])
+def test_articles_by_name_in_any_order_evaluate_each_article_once(kvserve, tmp_path, order, concurrency, api):
     model, url = kvserve
     inp, out, summary = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "summary.json"
-    reqs = write_batch(inp, order, seed=concurrency, head=f"Batch {order} {concurrency}. ")
+    reqs = write_batch(inp, order, seed=concurrency, head=f"Batch {order} {concurrency} {api}. ", api=api)
     r = kv_batch(inp, "-o", out, "--server", url, "--concurrency", concurrency, "--summary", summary, "-q")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = check_output(out, {q["custom_id"] for q in reqs})
-    assert all(d["response"]["status_code"] == 200 and d["response"]["body"]["content"] is not None for d in lines)
+    text = "output" if api == "responses" else "content"
+    assert all(d["response"]["status_code"] == 200 and d["response"]["body"][text] is not None for d in lines)
     s = json.loads(summary.read_text())
     assert s["requests"] == s["answered"] == len(reqs) and s["errors"] == 0
-    assert s["concurrency"] == concurrency and s["kvstore"] is True and s["prefixes"] == len(ARTICLES)
+    # A Responses prompt is the chat template around the text: its head (shared by every request) may be one more
+    # prefix, the parent of every article.
+    prefixes = (len(ARTICLES), len(ARTICLES) + 1) if api == "responses" else (len(ARTICLES),)
+    assert s["concurrency"] == concurrency and s["kvstore"] is True and s["prefixes"] in prefixes, s
     # Tokens: each article once, each question once; the per-request slack is llama-server's own rollback to its
     # checkpoint a few tokens before a stored prompt's end on Gemma 3 (corpus.SLACK), which plain serving pays too.
     assert s["ideal"] < s["evaluated"] + 1
@@ -128,9 +141,12 @@ def test_bad_lines_are_answered_with_errors_and_the_batch_goes_on(tmp_path, smol
             "body": {"prompt": ARTICLES[0] + QUESTIONS[0], "n_predict": 2}}
     chat = {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
             "body": {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}}
+    resp = {"custom_id": "resp", "method": "POST", "url": "/v1/responses",
+            "body": {"input": [{"role": "user", "content": "Hello there"}], "max_output_tokens": 2}}
     lines = [json.dumps(good), "{not json", json.dumps({"method": "POST", "url": "/completion", "body": {}}),
              json.dumps({**good, "custom_id": "bad-url", "url": "/v1/embeddings"}), json.dumps(good),
-             json.dumps({**good, "custom_id": "two", "body": {"prompt": ["a", "b"]}}), json.dumps(chat)]
+             json.dumps({**good, "custom_id": "two", "body": {"prompt": ["a", "b"]}}), json.dumps(chat),
+             json.dumps({**resp, "custom_id": "no-input", "body": {"input": []}}), json.dumps(resp)]
     inp.write_text("\n".join(lines) + "\n")
     r = kv_batch(inp, "-o", out, "--server", h.url, "-q")
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
@@ -141,8 +157,10 @@ def test_bad_lines_are_answered_with_errors_and_the_batch_goes_on(tmp_path, smol
     assert any("line 4: unknown `url` '/v1/embeddings'" in m for m in errors), errors
     assert any("line 5: duplicate custom_id 'ok'" in m for m in errors), errors
     assert any("line 6: `prompt` must be one string" in m for m in errors), errors
+    assert any("line 8: a Responses request needs `input`" in m for m in errors), errors
     ok = {d["custom_id"]: d["response"] for d in docs if d["error"] is None}
-    assert set(ok) == {"ok", "chat"} and all(v["status_code"] == 200 for v in ok.values())
+    assert set(ok) == {"ok", "chat", "resp"} and all(v["status_code"] == 200 for v in ok.values())
+    assert ok["resp"]["body"]["object"] == "response"
     assert ok["chat"]["body"]["choices"][0]["message"]["role"] == "assistant"
     # Nothing listening: nothing could run, exit 2 with one line.
     r = kv_batch(inp, "-o", tmp_path / "o2.jsonl", "--server", "http://127.0.0.1:9", "-q")

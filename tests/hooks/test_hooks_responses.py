@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.hooks.responses_api import chat_body
+from kvstore.responses_api import chat_body
 
 from hooks_support import MODELS, QUESTIONS, engine, get, hooks, intro, metric, post, stack
 
