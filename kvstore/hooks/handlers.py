@@ -54,6 +54,7 @@ class Handlers:
         body = await _json_body(request, allow_empty=True)
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        _one_completion(body)
         chat = path in CHAT_PATHS
         nameable = path not in SLOT_ONLY_PATHS
         naming = nm.naming_of(request.headers, body if nameable else {}, namespace=caller(request).namespace,
@@ -244,6 +245,18 @@ class Handlers:
         raise NotSupported(f"POST {request.path} (Anthropic's Messages API) is not served through kvstore: llama-server "
                            "rebuilds that request without its id_slot, so it would not run in the slot holding its "
                            "state; send the conversation to /v1/chat/completions or /v1/responses")
+
+
+def _one_completion(body: dict) -> None:
+    """Refuse `n`/`n_cmpl` above 1: llama-server runs the extra completions of a prompt in other slots it picks itself
+    (any it is not decoding in), copying this request's state over what they hold, then clears them: a state the
+    hooks keep there (another user's unsaved turn, a slot leased to another request) would be lost."""
+    for field in ("n", "n_cmpl"):
+        value = body.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+            raise BadRequest(f"`{field}`: {value}: several completions per request are not served through kvstore "
+                             "(llama-server would run them in other slots, over the states kept there); send the "
+                             "request that many times (e.g. with different `seed`s)")
 
 
 async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Json:

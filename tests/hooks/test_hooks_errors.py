@@ -126,3 +126,26 @@ def test_a_request_llama_server_refuses_stores_nothing_under_its_name(model, tmp
         h.run(table.save_all())
         beta = h.run(h.hooks.wired.store.tokens("beta", namespace=""))
         assert beta[:len(tokenize(u, beta_prompt))] == tokenize(u, beta_prompt), (len(beta), len(alpha))
+
+
+def test_several_completions_per_request_are_refused_and_other_slots_keep_their_states(tmp_path):
+    """`n: 2` (OpenAI's n, llama-server's n_cmpl): llama-server would run the second completion in another slot of its
+    own choosing, copying over (and then clearing) what that slot holds: here alice's unsaved turn (measured
+    without this guard: alice's next turn then found nothing, cache_n 0). Refused with the reason, on every
+    slot-managed path; alice continues in place."""
+    store = tmp_path / "store"
+    srv = engine("smollm2", store, parallel=2)
+    with stack(srv, hooks(srv.url, store)) as (_, h):
+        u = h.url
+        first = complete(u, intro(0) + QUESTIONS[0], name="alice", n_predict=4)
+        refused = [post(u, "/completion", {"prompt": intro(3), "n_predict": 4, "n": 2}),
+                   post(u, "/completion", {"prompt": intro(3), "n_predict": 4, "n_cmpl": 2}),
+                   post(u, "/v1/chat/completions", {"messages": [{"role": "user", "content": intro(3)}], "n": 2,
+                                                    "max_tokens": 4}),
+                   post(u, "/v1/responses", {"input": intro(3), "n": 2, "max_output_tokens": 4})]
+        for r in refused:
+            assert r.status == 400 and "several completions" in r.json["error"]["message"], (r.status, r.body[:300])
+        assert post(u, "/completion", {"prompt": intro(3), "n_predict": 2, "n": 1}).status == 200
+        again = complete(u, intro(0) + QUESTIONS[0] + first.json["content"] + QUESTIONS[1], name="alice",
+                         n_predict=4)
+        assert again.kind == "slot" and again.json["timings"]["cache_n"] >= first.prompt_n - 1, again.json["timings"]
