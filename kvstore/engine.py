@@ -63,6 +63,7 @@ class EngineConfig:
     # its window rows (measured: docs/design.md "Checkpoints llama-server makes"); llama-server's default 8192
     checkpoint_min_step: int = 0
     api_key: Optional[str] = None  # --api-key: then only /health and /v1/models answer without it
+    lora: tuple = ()  # --lora FNAME (repeatable): LoRA adapters applied at scale 1; part of the states' fingerprint
     extra: dict = field(default_factory=dict)  # other CommonParams attributes, set verbatim
 
 
@@ -94,6 +95,13 @@ class EmbeddedServer:
         p.checkpoint_min_step = cfg.checkpoint_min_step
         if cfg.api_key:
             p.api_keys = [cfg.api_key]
+        if cfg.lora:
+            adapters = []
+            for path in cfg.lora:
+                adapter = x.CommonAdapterLoraInfo()
+                adapter.path, adapter.scale = str(path), 1.0
+                adapters.append(adapter)
+            p.lora_adapters = adapters
         p.flash_attn_type = getattr(x.llama_flash_attn_type, _FA[cfg.flash_attn])
         p.cache_type_k = getattr(x.ggml_type, _TYPES[cfg.cache_type_k])
         p.cache_type_v = getattr(x.ggml_type, _TYPES[cfg.cache_type_v])
@@ -139,6 +147,8 @@ def add_engine_args(p) -> None:
     p.add_argument("-b", "--batch-size", type=int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
     p.add_argument("-t", "--threads", type=int, default=0)
+    p.add_argument("--lora", action="append", default=[], metavar="FNAME",
+                   help="a LoRA adapter, applied at scale 1 (repeatable); states saved with it are bound to it")
 
 
 def config_from_args(args, slot_save_path: Optional[str] = None, port: int = 0) -> EngineConfig:
@@ -149,7 +159,7 @@ def config_from_args(args, slot_save_path: Optional[str] = None, port: int = 0) 
         model=str(model), parallel=args.parallel, ctx_size=args.ctx_size, slot_save_path=slot_save_path,
         port=port, flash_attn=args.flash_attn, cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
         cache_ram=args.cache_ram, swa_full=args.swa_full, kv_unified=args.kv_unified,
-        batch_size=args.batch_size, ubatch_size=args.ubatch_size, threads=args.threads,
+        batch_size=args.batch_size, ubatch_size=args.ubatch_size, threads=args.threads, lora=tuple(args.lora),
     )
 
 

@@ -38,14 +38,15 @@ def model_file_hash(path: str) -> str:
 
 
 def server_fingerprint(props: Mapping[str, Any], models: Optional[Mapping[str, Any]] = None,
-                       n_ctx_slot: Optional[int] = None) -> dict[str, str]:
-    """Fingerprint of a llama-server from its `/props` (and optionally `/v1/models`) replies.
+                       n_ctx_slot: Optional[int] = None, adapters: Optional[list] = None) -> dict[str, str]:
+    """Fingerprint of a llama-server from its `/props` (and optionally `/v1/models`, `/lora-adapters`) replies.
 
     Keys: `model` (identity), `n_ctx_slot` (a fit limit, not identity), and, when the GGUF is readable here,
     `n_swa` (the model's sliding window, only for SWA models: a prefix state of such a model is cut with it;
     without the key no prefix of an SWA state is cut) and `n_layer` (not identity: with it and `n_swa` the core
-    refuses a slot file missing a section). `n_stream` is deliberately absent: states are re-emitted for the
-    target server's slot count.
+    refuses a slot file missing a section), and `lora` when LoRA adapters apply (`lora_fingerprint`: the KV of a
+    prompt depends on them). `n_stream` is deliberately absent: states are re-emitted for the target server's slot
+    count.
     """
     path = props.get("model_path") or ""
     fp: dict[str, str] = {}
@@ -64,7 +65,27 @@ def server_fingerprint(props: Mapping[str, Any], models: Optional[Mapping[str, A
         n_ctx_slot = (props.get("default_generation_settings") or {}).get("n_ctx")
     if n_ctx_slot:
         fp["n_ctx_slot"] = str(int(n_ctx_slot))
+    lora = lora_fingerprint(adapters or [])
+    if lora:
+        fp["lora"] = lora
     return fp
+
+
+def lora_fingerprint(adapters: list) -> Optional[str]:
+    """The LoRA adapters a server applies (its `/lora-adapters` reply: path and scale each), as a fingerprint
+    value: each adapter's content hash when its file is readable here (else its file name) with its scale;
+    None when none applies (no adapter, or every scale 0), so a server without adapters keeps the plain model's
+    fingerprint. A global scale changed later (`POST /lora-adapters` on llama-server itself) is not seen."""
+    active = []
+    for a in adapters:
+        if not isinstance(a, dict) or not float(a.get("scale") or 0.0):
+            continue
+        path = str(a.get("path") or "")
+        ident = model_file_hash(path) if path and os.path.isfile(path) else "name:" + os.path.basename(path)
+        active.append(f"{ident}*{float(a['scale'])!r}")
+    if not active:
+        return None
+    return "sha256:" + hashlib.sha256("\n".join(sorted(active)).encode()).hexdigest()
 
 
 def model_fingerprint(path: str) -> dict[str, str]:

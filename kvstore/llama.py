@@ -22,6 +22,7 @@ SLOTS = "/slots"
 HEALTH = "/health"
 TOKENIZE = "/tokenize"
 APPLY_TEMPLATE = "/apply-template"
+LORA_ADAPTERS = "/lora-adapters"
 COMPLETION = "/completion"
 SLOT_ACTIONS = ("save", "restore", "erase")
 # Fields of a chat request that /apply-template uses to render the prompt.

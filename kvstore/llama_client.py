@@ -93,6 +93,16 @@ class LlamaServer:
                 return {}
             raise
 
+    def lora_adapters(self) -> list:
+        """GET /lora-adapters ([] when the server does not offer it: an older build, or a kvstore proxy)."""
+        try:
+            reply = self.get(llama.LORA_ADAPTERS)
+        except ServerError as e:
+            if e.status is not None and e.status in (403, 404, 501):
+                return []
+            raise
+        return reply if isinstance(reply, list) else []
+
     def slots(self) -> list:
         """GET /slots (needs llama-server's slots endpoint, on by default)."""
         return self.get(llama.SLOTS) or []
@@ -119,7 +129,7 @@ class LlamaServer:
 
     def fingerprint(self) -> dict[str, str]:
         """What this server's states are bound to (kvstore.fingerprint.server_fingerprint)."""
-        return server_fingerprint(self.props(), self.models())
+        return server_fingerprint(self.props(), self.models(), adapters=self.lora_adapters())
 
     def is_kvstore(self) -> bool:
         """True when this URL is a `kvstore serve` proxy (GET /kvstore/stats answers 200 with JSON)."""

@@ -10,7 +10,9 @@ Shapes follow llama.cpp's `src/models/lfm2.cpp` and `src/models/mamba2.cpp` (ten
 output is neither constant nor NaN. The tokenizer (metadata only) is copied from the SmolLM2 GGUF, so prompts
 tokenize like SmolLM2's. Writing one model takes well under a second; `tiny_model_path` caches per directory.
 
-`python3 tests/tinymodels.py DIR` writes both into DIR.
+`write_tiny_lora` writes a seeded LoRA adapter for SmolLM2 the same way.
+
+`python3 tests/tinymodels.py DIR` writes both models into DIR.
 """
 from __future__ import annotations
 
@@ -174,6 +176,39 @@ def tiny_model_path(arch: str, directory: Path) -> Path:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_tiny_model(arch, path, smollm2_path())
+    return path
+
+def write_tiny_lora(path: Path, base: Path, seed: int = SEED, rank: int = 2, layers: int = 4) -> Path:
+    """A seeded LoRA adapter for the GGUF `base` (a llama-architecture model: SmolLM2), written with the `gguf`
+    writer as llama.cpp's convert_lora_to_gguf.py lays one out: `adapter.type` lora, `adapter.lora.alpha`, and
+    `blk.N.attn_q.weight.lora_a` / `.lora_b` for the first `layers` layers. Its weights are large enough that greedy
+    output with and without it differs (no small LoRA GGUF ships on PyPI)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(base))
+    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    shapes = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        writer.add_string("general.type", "adapter")
+        writer.add_string("adapter.type", "lora")
+        writer.add_float32("adapter.lora.alpha", float(rank))
+        for i in range(layers):
+            n_in, n_out = shapes[f"blk.{i}.attn_q.weight"]
+            writer.add_tensor(f"blk.{i}.attn_q.weight.lora_a",
+                              (rng.standard_normal((rank, n_in)) * 4.0).astype(np.float32))
+            writer.add_tensor(f"blk.{i}.attn_q.weight.lora_b",
+                              (rng.standard_normal((n_out, rank)) * 4.0).astype(np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -141,8 +141,9 @@ class Hooks:
                     first = False
                 await asyncio.sleep(0.5)
         models = await up.models()
+        adapters = await up.lora_adapters()
         n_slots = int(props.get("total_slots") or 1)
-        fp = await asyncio.to_thread(server_fingerprint, props, models)
+        fp = await asyncio.to_thread(server_fingerprint, props, models, None, adapters)
         fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
         transfer = Transfer(up, store, self.sync, self.metrics, n_slots=n_slots, fingerprint=fp,
                             swa_cells=self.cfg.swa_cells, cost=CostModel(self.cfg.assume_prefill_tps, self.cfg.restore_policy))

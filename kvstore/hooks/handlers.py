@@ -54,7 +54,7 @@ class Handlers:
         body = await _json_body(request, allow_empty=True)
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
-        _one_completion(body)
+        _refuse_unservable(body)
         chat = path in CHAT_PATHS
         nameable = path not in SLOT_ONLY_PATHS
         naming = nm.naming_of(request.headers, body if nameable else {}, namespace=caller(request).namespace,
@@ -247,10 +247,16 @@ class Handlers:
                            "state; send the conversation to /v1/chat/completions or /v1/responses")
 
 
-def _one_completion(body: dict) -> None:
+def _refuse_unservable(body: dict) -> None:
     """Refuse `n`/`n_cmpl` above 1: llama-server runs the extra completions of a prompt in other slots it picks itself
     (any it is not decoding in), copying this request's state over what they hold, then clears them: a state the
-    hooks keep there (another user's unsaved turn, a slot leased to another request) would be lost."""
+    hooks keep there (another user's unsaved turn, a slot leased to another request) would be lost. Refuse a
+    per-request `lora`: the KV it evaluates depends on the adapters' scales, which no state records (the server's
+    own adapters are part of the fingerprint); llama-server itself reuses cells across scales (measured)."""
+    if body.get("lora"):
+        raise BadRequest("`lora`: per-request LoRA adapters are not served through kvstore (a state evaluated with "
+                         "them would be stored and restored as the server's); start llama-server with the adapters "
+                         "it should apply (--lora): they are part of the states' fingerprint")
     for field in ("n", "n_cmpl"):
         value = body.get(field)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:

@@ -221,6 +221,14 @@ class Upstream:
         except (UpstreamError, UpstreamReply):
             return None
 
+    async def lora_adapters(self) -> list:
+        """GET /lora-adapters ([] when the server does not answer it: an older build, or none loaded)."""
+        try:
+            reply = await self.call("GET", llama.LORA_ADAPTERS)
+        except (UpstreamError, UpstreamReply):
+            return []
+        return reply if isinstance(reply, list) else []
+
     async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """`text`'s tokens as llama-server evaluates it as a prompt; add_special=False for a continuation."""
         return llama.tokens_of(await self.call("POST", llama.TOKENIZE,

@@ -25,6 +25,11 @@ pub const LAYOUT: &str = "layout";
 pub const N_LAYER: &str = "n_layer";
 /// The model's sliding window, also read by the hooks' prefix cuts.
 pub const N_SWA: &str = "n_swa";
+/// The LoRA adapters the server applied (kvstore/fingerprint.py `lora_fingerprint`), present only when some do:
+/// compared even when one side lacks it, since a state computed with adapters is no state of the bare model.
+pub const LORA: &str = "lora";
+/// How `check_expect` shows the absence of `LORA` on one side.
+const NO_LORA: &str = "none";
 
 pub type Fingerprint = BTreeMap<String, String>;
 
@@ -150,8 +155,18 @@ pub fn fingerprint_id_hex(fp: &Fingerprint) -> String {
 
 /// Check that a state (`m`, shown as `state`) can be restored into a server described by `expect`.
 /// Every key present on both sides must be equal (`layout` is compared with the manifest's layout), except
-/// `n_ctx_slot`, which must be >= the state's token count.
+/// `n_ctx_slot`, which must be >= the state's token count; `lora` must be equal, or absent, on both sides.
 pub fn check_expect(state: &str, m: &Manifest, expect: &Fingerprint) -> Result<(), ManifestError> {
+    let stored_lora = m.fingerprint.get(LORA).map_or(NO_LORA, String::as_str);
+    let server_lora = expect.get(LORA).map_or(NO_LORA, String::as_str);
+    if stored_lora != server_lora {
+        return Err(ManifestError::FingerprintMismatch {
+            state: state.into(),
+            key: LORA.into(),
+            stored: stored_lora.into(),
+            server: server_lora.into(),
+        });
+    }
     for (key, server) in expect {
         if key == N_CTX_SLOT {
             let ok = server.trim().parse::<u64>().map(|n| n >= m.n_tokens).unwrap_or(false);
@@ -246,6 +261,19 @@ mod tests {
         let e = check_expect("x", &m, &fp(&[("layout", "other")])).unwrap_err().to_string();
         assert!(e.contains("layout=kv[1:"), "{e}");
         check_expect("x", &m, &fp(&[("layout", &m.layout.clone())])).unwrap();
+    }
+
+    #[test]
+    fn lora_must_match_when_either_side_has_it() {
+        let bare = manifest(10, fp(&[("model", "abc")]));
+        let adapted = manifest(10, fp(&[("model", "abc"), ("lora", "sha256:1")]));
+        check_expect("x", &bare, &fp(&[("model", "abc")])).unwrap();
+        check_expect("x", &adapted, &fp(&[("model", "abc"), ("lora", "sha256:1")])).unwrap();
+        let e = check_expect("x", &adapted, &fp(&[("model", "abc")])).unwrap_err().to_string();
+        assert!(e.contains("lora=sha256:1") && e.contains("lora=none"), "{e}");
+        let e = check_expect("x", &bare, &fp(&[("model", "abc"), ("lora", "sha256:1")])).unwrap_err().to_string();
+        assert!(e.contains("lora=none") && e.contains("lora=sha256:1"), "{e}");
+        assert!(check_expect("x", &adapted, &fp(&[("model", "abc"), ("lora", "sha256:2")])).is_err());
     }
 
     #[test]
