@@ -8,8 +8,9 @@ module only says how it should choose.
   of the field names): the body's `cache_prompt_name`, else the `X-KV-Name` header, else (with `--name-from-user`)
   the body's `user`; `/kvstore/states/{name}` on its path. An unnamed request is hashed on the head of its prompt
   (`prompt`, else the first chat message, else a Responses `input`'s or its `instructions`, else the raw body's
-  first bytes), so questions about one article meet where the article already is. No key at all (a GET, a
-  token-list prompt): round robin.
+  first bytes), so questions about one article meet where the article already is; above that, OpenAI's
+  `prompt_cache_key` (its own routing hint for a prompt cache). No key at all (a GET, a token-list prompt): round
+  robin.
 * **Bounded load.** `hash-type consistent` (a dead server's keys move, nobody else's) with `hash-balance-factor`:
   no server takes more than that percentage of the average number of requests in flight; past it a request goes
   to the next server on the ring, so one hot key cannot fill one server while another idles.
@@ -43,6 +44,9 @@ SERVER_HEADER = "X-KV-Server"
 # JSON fields whose head stands for an unnamed prompt: llama-server's /completion, the OpenAI chat API, and its
 # Responses API (the input as a string or its first item's text, then the instructions, which come first).
 PROMPT_PATHS = ("$.prompt", "$.messages[0].content", "$.input", "$.input[0].content", "$.instructions")
+# OpenAI's routing hint for its prompt cache (chat and Responses APIs): requests that give the same key are meant to
+# meet the same cache; above the prompt's head, below a name.
+CACHE_KEY_FIELD = "prompt_cache_key"
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER = re.compile(r"[A-Za-z0-9-]+")
 
@@ -100,7 +104,7 @@ def _seconds(value: float) -> str:
 def _key_rules(cfg: BalancerConfig) -> list[str]:
     """`http-request set-var` lines, lowest priority first: a later rule whose sample exists (and is not empty)
     overrides the key an earlier one set."""
-    for f in (NAME_FIELD, USER_FIELD):
+    for f in (NAME_FIELD, USER_FIELD, CACHE_KEY_FIELD):
         assert _FIELD.fullmatch(f), f  # pasted into a JSON path below
     assert _HEADER.fullmatch(NAME_HEADER)
     n = cfg.head_bytes
@@ -108,6 +112,7 @@ def _key_rules(cfg: BalancerConfig) -> list[str]:
              f"http-request set-var({KEY_VAR},ifnotempty) req.body,bytes(0,{n}) if METH_POST"]
     rules += [f"http-request set-var({KEY_VAR},ifnotempty) req.body,json_query('{p}'),bytes(0,{n})"
               for p in PROMPT_PATHS]
+    rules += [f"http-request set-var({KEY_VAR},ifnotempty) req.body,json_query('$.{CACHE_KEY_FIELD}')"]
     rules += ["# named: as kvstore serve reads the name (kvstore/hooks/naming.py); the body wins over the header",
               f"http-request set-var({KEY_VAR},ifnotempty) path,field(4,/),url_dec if {{ path_beg {STATES_PATH} }}"]
     if cfg.name_from_user:

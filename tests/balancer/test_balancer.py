@@ -177,6 +177,17 @@ def test_unnamed_questions_about_one_article_meet_on_one_server(farm):
     for a, hits in where.items():
         assert len({s for s, _ in hits[2:]}) == 1, (a, hits)
         assert hits[3][1] >= tokens(farm.lb.url, ARTICLES[a]) - SLACK, (a, hits)
+    # OpenAI's prompt_cache_key routes unnamed requests whose prompts share nothing to one server (4 keys: the
+    # raw heads alone would put both requests of a key on one server for all four with probability 1/16).
+    for k in range(4):
+        servers = set()
+        for i in range(2):
+            body = {"model": "m", "prompt_cache_key": f"team-{k}", "max_tokens": 1, "temperature": 0,
+                    "messages": [{"role": "user", "content": f"{intro(2 * i + k)} Request {i} of key {k}."}]}
+            r = post(farm.lb.url, "/v1/chat/completions", body, auth(KEYS["team"]))
+            assert r.status == 200, r.body[:300]
+            servers.add(r.headers["X-KV-Server"])
+        assert len(servers) == 1, (k, servers)
 
 
 # ---- bounded load -----------------------------------------------------------------------------------------------

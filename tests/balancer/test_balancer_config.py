@@ -45,6 +45,10 @@ def test_keyed_on_the_fields_kvstore_serve_reads(tmp_path):
     assert rules[-1].endswith(f"req.body,json_query('$.{naming.NAME_FIELD}')"), rules
     assert rules[-2].endswith(f"req.hdr({naming.NAME_HEADER})"), rules
     assert not any(naming.USER_FIELD in r for r in rules)  # `user` names only with --name-from-user
+    # OpenAI's prompt_cache_key: above every prompt head, below the names
+    at = [i for i, r in enumerate(rules) if r.endswith("json_query('$.prompt_cache_key')")]
+    heads = [i for i, r in enumerate(rules) if "bytes(0," in r]
+    assert len(at) == 1 and max(heads) < at[0] < len(rules) - 3, rules
     with_user = balancer_config("--listen", "0.0.0.0:8080", *SERVERS, "--name-from-user").stdout
     assert f"json_query('$.{naming.USER_FIELD}')" in with_user
     for line in ("balance hash var(txn.kv_key)", "hash-type consistent", "hash-balance-factor 170",
