@@ -145,17 +145,16 @@ def _mamba2(writer, w: _Weights, n_vocab: int) -> None:
 _BUILD = {"lfm2": _lfm2, "mamba2": _mamba2}
 
 
-def write_tiny_model(arch: str, path: Path, tokenizer_src: Path, seed: int = SEED) -> Path:
-    """Write the tiny `arch` model to `path` (atomically: a temporary file, then a rename)."""
+def _write_gguf(path: Path, arch: str, fill) -> Path:
+    """Write a GGUF of `arch` to `path` atomically (a temporary file, then a rename); `fill(writer)` adds its keys
+    and tensors."""
     import gguf
 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(str(tmp), arch)
     try:
-        writer.add_name(f"kvstore-tiny-{arch}")
-        n_vocab = _tokenizer_fields(writer, tokenizer_src)
-        _BUILD[arch](writer, _Weights(writer, seed + ARCHS.index(arch)), n_vocab)
+        fill(writer)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -164,6 +163,16 @@ def write_tiny_model(arch: str, path: Path, tokenizer_src: Path, seed: int = SEE
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_tiny_model(arch: str, path: Path, tokenizer_src: Path, seed: int = SEED) -> Path:
+    """Write the tiny `arch` model to `path` (atomically)."""
+    def fill(writer) -> None:
+        writer.add_name(f"kvstore-tiny-{arch}")
+        n_vocab = _tokenizer_fields(writer, tokenizer_src)
+        _BUILD[arch](writer, _Weights(writer, seed + ARCHS.index(arch)), n_vocab)
+
+    return _write_gguf(path, arch, fill)
 
 
 def tiny_model_path(arch: str, directory: Path) -> Path:
@@ -189,10 +198,8 @@ def write_tiny_lora(path: Path, base: Path, seed: int = SEED, rank: int = 2, lay
     arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
     shapes = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
     rng = np.random.default_rng(seed)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch)
-    try:
+
+    def fill(writer) -> None:
         writer.add_string("general.type", "adapter")
         writer.add_string("adapter.type", "lora")
         writer.add_float32("adapter.lora.alpha", float(rank))
@@ -202,14 +209,8 @@ def write_tiny_lora(path: Path, base: Path, seed: int = SEED, rank: int = 2, lay
                               (rng.standard_normal((rank, n_in)) * 4.0).astype(np.float32))
             writer.add_tensor(f"blk.{i}.attn_q.weight.lora_b",
                               (rng.standard_normal((n_out, rank)) * 4.0).astype(np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+
+    return _write_gguf(path, arch, fill)
 
 
 if __name__ == "__main__":

@@ -157,15 +157,16 @@ pub fn fingerprint_id_hex(fp: &Fingerprint) -> String {
 /// Every key present on both sides must be equal (`layout` is compared with the manifest's layout), except
 /// `n_ctx_slot`, which must be >= the state's token count; `lora` must be equal, or absent, on both sides.
 pub fn check_expect(state: &str, m: &Manifest, expect: &Fingerprint) -> Result<(), ManifestError> {
+    let mismatch = |key: &str, stored: &str, server: &str| ManifestError::FingerprintMismatch {
+        state: state.into(),
+        key: key.into(),
+        stored: stored.into(),
+        server: server.into(),
+    };
     let stored_lora = m.fingerprint.get(LORA).map_or(NO_LORA, String::as_str);
     let server_lora = expect.get(LORA).map_or(NO_LORA, String::as_str);
     if stored_lora != server_lora {
-        return Err(ManifestError::FingerprintMismatch {
-            state: state.into(),
-            key: LORA.into(),
-            stored: stored_lora.into(),
-            server: server_lora.into(),
-        });
+        return Err(mismatch(LORA, stored_lora, server_lora));
     }
     for (key, server) in expect {
         if key == N_CTX_SLOT {
@@ -186,12 +187,7 @@ pub fn check_expect(state: &str, m: &Manifest, expect: &Fingerprint) -> Result<(
         };
         if let Some(stored) = stored {
             if stored != server {
-                return Err(ManifestError::FingerprintMismatch {
-                    state: state.into(),
-                    key: key.clone(),
-                    stored: stored.clone(),
-                    server: server.clone(),
-                });
+                return Err(mismatch(key, stored, server));
             }
         }
     }
