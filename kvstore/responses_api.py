@@ -1,10 +1,11 @@
 """OpenAI's Responses API (`POST /v1/responses`) as the chat request llama-server makes of it, to tokenize its prompt.
 
-Contract: `chat_body(body)` is the `/v1/chat/completions` body llama-server builds from a Responses body
-(`server_chat_convert_responses_to_chatcmpl` in its server-chat.cpp), for the text subset agents and chat clients
-send: `instructions`; `input` as a string or as items that are messages (`user`/`system`/`developer` with a string
-or `input_text` parts; `assistant` `message`s with `output_text` parts, merged into the assistant message before
-them), `function_call`s and string `function_call_output`s; function `tools`; `reasoning.effort`. Anything else
+Contract: `chat_body(body)` is the part of the `/v1/chat/completions` body llama-server builds from a Responses
+body (`server_chat_convert_responses_to_chatcmpl` in its server-chat.cpp) that its template reads
+(`llama.TEMPLATE_FIELDS`), for the text subset agents and chat clients send: `instructions`; `input` as a string or
+as items that are messages (`user`/`system`/`developer` with a string or `input_text` parts; `assistant`
+`message`s with `output_text` parts, merged into the assistant message before them), `function_call`s and string
+`function_call_output`s; function `tools`; `tool_choice` and `chat_template_kwargs` as given. Anything else
 (images, files, reasoning items, refusals, an item llama-server would refuse) is None: the prompt's tokens are
 then unknown, as for a chat request whose template cannot be applied, and the request is served without the
 decisions that need them. Used only to tokenize: the request itself is forwarded to llama-server unchanged, so a
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import copy
 from typing import Any, Optional
+
+from kvstore.llama import TEMPLATE_FIELDS
 
 _INPUT_ROLES = ("user", "system", "developer")
 
@@ -36,6 +39,13 @@ def _text_parts(content: Any, types: tuple[str, ...]) -> list[dict]:
     return parts
 
 
+def _as_message(item: dict, parts: list[dict]) -> dict:
+    """A message item as a chat message: its fields but the item's `type` and `status`, with these content parts."""
+    msg = {k: v for k, v in item.items() if k not in ("type", "status")}
+    msg["content"] = parts
+    return msg
+
+
 def _messages(items: list) -> list[dict]:
     out: list[dict] = []
     for item in items:
@@ -44,9 +54,7 @@ def _messages(items: list) -> list[dict]:
         merge_prev = bool(out) and out[-1].get("role") == "assistant"
         role, kind = item.get("role"), item.get("type")
         if role in _INPUT_ROLES and "content" in item:
-            msg = {k: v for k, v in item.items() if k not in ("type", "status")}
-            msg["content"] = _text_parts(item["content"], ("input_text",))
-            out.append(msg)
+            out.append(_as_message(item, _text_parts(item["content"], ("input_text",))))
         elif role == "assistant" and kind == "message":
             parts = _text_parts(item.get("content", []), ("output_text", "input_text"))
             if merge_prev:
@@ -55,9 +63,7 @@ def _messages(items: list) -> list[dict]:
                     prev["content"] = []
                 prev["content"].extend(parts)
             else:
-                msg = {k: v for k, v in item.items() if k not in ("type", "status")}
-                msg["content"] = parts
-                out.append(msg)
+                out.append(_as_message(item, parts))
         elif kind == "function_call" and all(isinstance(item.get(k), str) for k in ("arguments", "call_id", "name")):
             call = {"function": {"arguments": item["arguments"], "name": item["name"]}, "id": item["call_id"],
                     "type": "function"}
@@ -89,7 +95,8 @@ def _tools(tools: Any) -> list[dict]:
 
 
 def chat_body(body: dict) -> Optional[dict]:
-    """The chat body llama-server evaluates for this Responses body, or None outside the text subset."""
+    """The template fields of the chat body llama-server evaluates for this Responses body, or None outside the
+    text subset."""
     if "input" not in body or body.get("previous_response_id"):
         return None  # llama-server refuses both; its error reaches the client
     try:
@@ -105,16 +112,13 @@ def chat_body(body: dict) -> Optional[dict]:
             messages.extend(_messages(copy.deepcopy(given)))
         else:
             return None
-        chat = {k: v for k, v in body.items() if k not in ("input", "instructions", "tools", "reasoning",
-                                                           "max_output_tokens")}
+        # The other template fields pass through llama-server's conversion unchanged.
+        chat = {k: body[k] for k in TEMPLATE_FIELDS if k in body and k not in ("messages", "tools")}
         chat["messages"] = messages
         if "tools" in body:
             tools = _tools(body["tools"])
             if tools:
                 chat["tools"] = tools
-        reasoning = body.get("reasoning")
-        if isinstance(reasoning, dict) and "effort" in reasoning:
-            chat["reasoning_effort"] = reasoning["effort"]
         return chat
     except _Unsupported:
         return None
