@@ -31,7 +31,7 @@ from .errors import Unavailable, UpstreamError, UpstreamReply
 from .handlers import Handlers
 from .metrics import Metrics
 from .middleware import error, error_middleware
-from .routes import add_routes, gate
+from .routes import HEALTH_PATHS, add_routes, gate
 from .slots import SlotTable
 from .store import AsyncStore
 from .syncdir import SyncDir
@@ -143,7 +143,7 @@ class Hooks:
         models = await up.models()
         adapters = await up.lora_adapters()
         n_slots = int(props.get("total_slots") or 1)
-        fp = await asyncio.to_thread(server_fingerprint, props, models, None, adapters)
+        fp = await asyncio.to_thread(server_fingerprint, props, models, adapters=adapters)
         fp.update({k: str(v) for k, v in self.cfg.fingerprint_extra.items()})
         transfer = Transfer(up, store, self.sync, self.metrics, n_slots=n_slots, fingerprint=fp,
                             swa_cells=self.cfg.swa_cells, cost=CostModel(self.cfg.assume_prefill_tps, self.cfg.restore_policy))
@@ -253,7 +253,7 @@ async def ready_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Until llama-server has answered: 503 + Retry-After for everything, `/health` saying why."""
     hooks = request.app[HOOKS]
     if not hooks.ready.is_set():
-        if request.path == "/health":
+        if request.path in HEALTH_PATHS:
             return error(503, hooks.waiting_for, "unavailable_error", headers={"Retry-After": "5"})
         raise Unavailable(f"not ready: {hooks.waiting_for}")
     return await handler(request)

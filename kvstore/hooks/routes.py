@@ -26,6 +26,7 @@ RESPONSES_PATHS = ("/responses", "/v1/responses")  # OpenAI's Responses API: lla
 # would run in a slot of llama-server's choosing (over a state the hooks keep for another name): refused, with why.
 UNPLACEABLE_PATHS = ("/v1/messages",)
 SLOT_ONLY_PATHS = ("/infill",)  # evaluate in a slot, but never named
+HEALTH_PATHS = ("/health", "/v1/health")  # open; until llama-server is ready, a 503 saying why
 
 _NAME = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})+"
 _STATE = re.compile(rf"/kvstore/states/{_NAME}")
@@ -55,8 +56,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/kvstore/", "status_page"),
     Route("GET", "/metrics", "prometheus"),
     # Forwarded to llama-server as they are (no slot, no state): read-only facts and stateless computations.
-    Route("GET", "/health", "passthrough", open=True),
-    Route("GET", "/v1/health", "passthrough", open=True),
+    *(Route("GET", p, "passthrough", open=True) for p in HEALTH_PATHS),
     Route("GET", "/props", "passthrough"),
     Route("GET", "/v1/models", "passthrough", open=True),
     Route("GET", "/models", "passthrough", open=True),

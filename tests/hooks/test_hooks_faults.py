@@ -268,8 +268,10 @@ def test_upstream_absent_at_start(tmp_path):
     up = None
     try:
         with serve_process(f"http://127.0.0.1:{port}", store) as (proc, url):
-            h = request(url + "/health", timeout=10)
-            assert h.status == 503 and "waiting for llama-server" in h.json["error"]["message"], (h.status, h.body)
+            for path in ("/health", "/v1/health"):
+                h = request(url + path, timeout=10)
+                assert h.status == 503 and h.json["error"]["message"].startswith("waiting for llama-server"), \
+                    (path, h.status, h.body)
             r = request(url + "/completion", "POST", {"prompt": "hi", "n_predict": 1}, timeout=10)
             assert r.status == 503 and r.headers.get("Retry-After"), (r.status, r.body)
             up = External(store, tmp_path / "llama.log", port=port)
