@@ -58,6 +58,11 @@ def respond(base: str, name: str, items: list, *, stream: bool = False, namespac
     return r.headers, text, out["usage"]
 
 
+def evaluated(usage: dict) -> int:
+    """Prompt tokens llama-server evaluated for a reply, from its `usage`."""
+    return usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"]
+
+
 def first_turn(u: int) -> list:
     return [{"role": "user", "content": intro(u) + QUESTIONS[0]}]
 
@@ -134,7 +139,7 @@ def test_named_responses_conversations_are_restored_round_robin_and_in_flight(mo
     srv = start_engine(model, tmp_path)
     users, turns = range(3), range(3)
     with stack(srv, hooks(srv.url, store)) as (_, h):
-        def run(ns: str, order: list) -> dict:
+        def run(ns: str, order: list) -> tuple[dict, dict]:
             items = {u: first_turn(u) for u in users}
             out = {}
             for u, t in order:
@@ -146,10 +151,10 @@ def test_named_responses_conversations_are_restored_round_robin_and_in_flight(mo
         kept, _ = run("kept", [(u, t) for u in users for t in turns])  # each user's turns back to back
         before = metric(h.url, "kvstore_prompt_tokens_evaluated_total")
         rr, items = run("rr", [(u, t) for t in turns for u in users])  # round robin: always displaced
-        evaluated = metric(h.url, "kvstore_prompt_tokens_evaluated_total") - before
+        counted = metric(h.url, "kvstore_prompt_tokens_evaluated_total") - before
         print(f"\n[{model}] round robin (prompt_n of input_tokens, kind):")
         for (u, t), (headers, text, usage) in sorted(rr.items()):
-            prompt_n = usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"]
+            prompt_n = evaluated(usage)
             print(f"  user {u} turn {t}: {prompt_n:>3} of {usage['input_tokens']:>3} {headers['X-KV-Cache']:>8} "
                   f"{text!r}")
             assert text == kept[(u, t)][1], ((u, t), text, kept[(u, t)][1])
@@ -163,8 +168,7 @@ def test_named_responses_conversations_are_restored_round_robin_and_in_flight(mo
             added = usage["input_tokens"] - rr[(u, t - 1)][2]["input_tokens"]
             assert prompt_n <= added + SLACK[model], ((u, t), prompt_n, added)
         # The usage of non-streamed replies (no `timings` there) and the last event of streamed ones are counted.
-        assert evaluated == sum(u["input_tokens"] - u["input_tokens_details"]["cached_tokens"]
-                                for _, _, u in rr.values()), evaluated
+        assert counted == sum(evaluated(u) for _, _, u in rr.values()), counted
 
         # All three users at once, each on its own thread, two turns more: 3 requests for 2 slots.
         results: dict = {}
@@ -174,10 +178,10 @@ def test_named_responses_conversations_are_restored_round_robin_and_in_flight(mo
             try:
                 conv, prev = items[u], rr[(u, 2)][2]["input_tokens"]
                 for t in (3, 4):
-                    conv = conv if t == 3 else next_turn(conv, results[(u, 3)][1], 0)
-                    results[(u, t)] = respond(h.url, f"user{u}", conv, stream=(u == 0), namespace="rr")
-                    usage = results[(u, t)][2]
-                    results[(u, t)] = (*results[(u, t)], usage["input_tokens"] - prev)
+                    if t == 4:
+                        conv = next_turn(conv, results[(u, 3)][1], 0)
+                    headers, text, usage = respond(h.url, f"user{u}", conv, stream=(u == 0), namespace="rr")
+                    results[(u, t)] = (headers, text, usage, usage["input_tokens"] - prev)
                     prev = usage["input_tokens"]
             except BaseException as e:  # noqa: BLE001 - reported by the main thread
                 errors.append(e)
@@ -189,7 +193,7 @@ def test_named_responses_conversations_are_restored_round_robin_and_in_flight(mo
             th.join(timeout=300)
         assert not errors, errors
         for (u, t), (headers, text, usage, added) in sorted(results.items()):
-            prompt_n = usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"]
+            prompt_n = evaluated(usage)
             assert headers["X-KV-Cache"] in ("restored", "slot"), ((u, t), dict(headers))
             assert prompt_n <= added + SLACK[model], ((u, t), prompt_n, added, headers["X-KV-Cache"])
         print(f"  in flight: {[(k, v[0]['X-KV-Cache']) for k, v in sorted(results.items())]}")
