@@ -69,7 +69,8 @@ def add_serve_args(sp) -> None:
                          "default: start an embedded one")
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    sp.add_argument("--name-from-user", action="store_true", help="use the OpenAI `user` field as the state name")
+    sp.add_argument("--name-from-user", action="store_true",
+                    help="use the end user's id as the state name: OpenAI's `user`, Anthropic's `metadata.user_id`")
     sp.add_argument("--idle-save", type=float, default=30.0, metavar="SECONDS",
                     help="save a dirty slot after this long idle (0: only on eviction and shutdown)")
     sp.add_argument("--save-behind", choices=("auto", "on", "off"), default="auto",

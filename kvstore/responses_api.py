@@ -9,7 +9,7 @@ as items that are messages (`user`/`system`/`developer` with a string or `input_
 (images, files, reasoning items, refusals, an item llama-server would refuse) is None: the prompt's tokens are
 then unknown, as for a chat request whose template cannot be applied, and the request is served without the
 decisions that need them. Used only to tokenize: the request itself is forwarded to llama-server unchanged, so a
-difference here can cost a restore, never change a reply. tests/hooks/test_hooks_responses.py compares the token
+difference here can cost a restore, never change a reply. tests/hooks/test_hooks_client_apis.py compares the token
 count with llama-server's own `/v1/responses/input_tokens`.
 """
 from __future__ import annotations

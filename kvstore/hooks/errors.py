@@ -33,10 +33,6 @@ class RouteNotFound(Exception):
     """The raw method and path are not on the route allowlist (404)."""
 
 
-class NotSupported(Exception):
-    """An endpoint of llama-server's that the hooks cannot serve with a state (501); str() says why and what to use."""
-
-
 class UpstreamError(Exception):
     """llama-server could not be reached or answered garbage (502)."""
 

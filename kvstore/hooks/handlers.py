@@ -10,17 +10,17 @@ from typing import Optional, Protocol, Union
 
 from aiohttp import web
 
-from kvstore import llama, page, responses_api
+from kvstore import anthropic_api, llama, page, responses_api
 
 from kvstore.errors import StoreFull
 
 from . import bound as bd
 from . import naming as nm
 from .broker import Once
-from .errors import BadRequest, NotSupported, remote_unavailable
+from .errors import BadRequest, remote_unavailable
 from .metrics import Metrics, timings_from_sse_tail
 from .auth import Caller
-from .routes import CHAT_PATHS, RESPONSES_PATHS, SLOT_ONLY_PATHS, caller
+from .routes import CHAT_PATHS, MESSAGES_PATHS, RESPONSES_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
 from .wiring import HooksConfig, Wired
 
@@ -57,11 +57,19 @@ class Handlers:
         _refuse_unservable(body)
         chat = path in CHAT_PATHS
         nameable = path not in SLOT_ONLY_PATHS
-        naming = nm.naming_of(request.headers, body if nameable else {}, namespace=caller(request).namespace,
-                              name_from_user=h.cfg.name_from_user)
+        naming = nm.naming_of(request.headers, _naming_fields(body, path) if nameable else {},
+                              namespace=caller(request).namespace, name_from_user=h.cfg.name_from_user)
         asked = bd.ask_of(request.headers, body if nameable else {})
         nm.strip_fields(body)
         bd.strip_fields(body)
+        translate = None
+        if path in MESSAGES_PATHS:  # sent as the chat request llama-server makes of it, so that id_slot holds
+            stream = bool(body.get("stream"))
+            try:
+                body = {**anthropic_api.chat_request(body), **anthropic_api.reply_fields(stream)}
+            except anthropic_api.NotConvertible as e:
+                raise BadRequest(str(e)) from None
+            path, chat, translate = CHAT_PATHS[-1], True, anthropic_api.Translation(stream)
         await w.bound.ask(naming.key, asked)
         if path in RESPONSES_PATHS:  # tokenized as the chat request llama-server makes of it; forwarded as it is
             tokens_fn = Once(lambda: w.broker.prompt_tokens(responses_api.chat_body(body), True))
@@ -81,7 +89,7 @@ class Handlers:
             status = None
             try:
                 resp = await w.up.forward(request, path, body=json.dumps(body).encode(), extra_headers=headers,
-                                          tee=seen)
+                                          tee=seen, translate=translate)
                 status = resp.status
                 if request.get(CUT) is not None:
                     raise ReplyCut()  # the reply is already on its way: only the slot needs marking
@@ -241,10 +249,15 @@ class Handlers:
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         return await self.h.wired.up.forward(request, request.path)
 
-    async def unplaceable(self, request: web.Request) -> web.StreamResponse:
-        raise NotSupported(f"POST {request.path} (Anthropic's Messages API) is not served through kvstore: llama-server "
-                           "rebuilds that request without its id_slot, so it would not run in the slot holding its "
-                           "state; send the conversation to /v1/chat/completions or /v1/responses")
+
+def _naming_fields(body: dict, path: str) -> dict:
+    """The fields a name is read from: the body's; on the Messages API its `metadata.user_id` is the `user` (a
+    `user` of the body's own wins, as in the balancer's rules)."""
+    metadata = body.get("metadata")
+    if path in MESSAGES_PATHS and nm.USER_FIELD not in body and isinstance(metadata, dict) \
+            and metadata.get("user_id") is not None:
+        return {**body, nm.USER_FIELD: metadata["user_id"]}
+    return body
 
 
 def _refuse_unservable(body: dict) -> None:

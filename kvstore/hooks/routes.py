@@ -22,9 +22,9 @@ from .errors import BadRequest, Forbidden, RouteNotFound
 COMPLETION_PATHS = ("/completion", "/completions", "/v1/completions")
 CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
 RESPONSES_PATHS = ("/responses", "/v1/responses")  # OpenAI's Responses API: llama-server honours id_slot there
-# Anthropic's Messages API: llama-server rebuilds the request from the fields it knows and drops id_slot, so it
-# would run in a slot of llama-server's choosing (over a state the hooks keep for another name): refused, with why.
-UNPLACEABLE_PATHS = ("/v1/messages",)
+# Anthropic's Messages API: llama-server rebuilds the request from the fields it knows and drops id_slot, so the
+# hooks make that rebuild themselves and send it to chat completions (`kvstore.anthropic_api`).
+MESSAGES_PATHS = ("/v1/messages",)
 SLOT_ONLY_PATHS = ("/infill",)  # evaluate in a slot, but never named
 HEALTH_PATHS = ("/health", "/v1/health")  # open; until llama-server is ready, a 503 saying why
 
@@ -45,8 +45,8 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
-    *(Route("POST", p, "completion") for p in COMPLETION_PATHS + CHAT_PATHS + RESPONSES_PATHS + SLOT_ONLY_PATHS),
-    *(Route("POST", p, "unplaceable") for p in UNPLACEABLE_PATHS),
+    *(Route("POST", p, "completion")
+      for p in COMPLETION_PATHS + CHAT_PATHS + RESPONSES_PATHS + MESSAGES_PATHS + SLOT_ONLY_PATHS),
     Route("POST", "/slots/{id}", "slot_action", raw=_SLOT),
     Route("GET", "/kvstore/states", "state_list"),
     Route("POST", "/kvstore/states/{name}", "prime", raw=_STATE),

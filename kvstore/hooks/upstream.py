@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import httpx
 from aiohttp import web
@@ -63,6 +63,19 @@ PROBE_PERIOD = 1.0
 CUT: "web.RequestKey[UpstreamError]" = web.RequestKey("kvstore.reply_cut", UpstreamError)
 # Request bodies up to this size are read before forwarding, so they can be sent again on a stale connection.
 REPLAYABLE_BODY = 1 << 20
+
+
+class Translation(Protocol):
+    """A reply rewritten on its way to the client (`kvstore.anthropic_api.Translation`)."""
+
+    def begin(self, status: int) -> Optional[str]:
+        """The translated reply's content type, or None to pass this reply (an error) as it is."""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send for one decoded chunk of the reply (may be empty)."""
+
+    def finish(self) -> bytes:
+        """The last bytes, once llama-server's reply is complete."""
 
 
 def reply_headers(headers: httpx.Headers) -> dict[str, str]:
@@ -256,11 +269,13 @@ class Upstream:
         return resp
 
     async def forward(self, request: web.Request, path: str, *, body: Optional[bytes] = None,
-                      extra_headers: Optional[dict] = None, tee: Optional[Callable[[bytes], None]] = None) -> web.StreamResponse:
+                      extra_headers: Optional[dict] = None, tee: Optional[Callable[[bytes], None]] = None,
+                      translate: Optional[Translation] = None) -> web.StreamResponse:
         """Stream `request` to llama-server and its reply back, chunk by chunk.
 
         body: replacement body bytes (else the request body is streamed through). extra_headers: set on the
-        reply before prepare(). tee(chunk): sees every chunk (metrics), must not keep them all.
+        reply before prepare(). tee(chunk): sees every chunk as llama-server sent it (metrics), must not keep them
+        all. translate: rewrites the reply (decoded) unless its `begin` passes it as it is.
         """
         if body is None and request.body_exists and (request.content_length or 0) <= REPLAYABLE_BODY \
                 and request.content_length is not None:
@@ -290,11 +305,17 @@ class Upstream:
         try:
             resp = web.StreamResponse(status=upstream.status_code, reason=upstream.reason_phrase,
                                       headers=reply_headers(upstream.headers))
+            content_type = translate.begin(upstream.status_code) if translate is not None else None
+            if content_type is not None:
+                resp.headers["Content-Type"] = content_type
+            else:
+                translate = None
             if extra_headers:
                 resp.headers.update(extra_headers)
             try:
                 await resp.prepare(request)
-                chunks = upstream.aiter_raw().__aiter__()  # as sent: a compressed body stays compressed
+                # As sent (a compressed body stays compressed), unless it is translated.
+                chunks = (upstream.aiter_bytes() if translate else upstream.aiter_raw()).__aiter__()
                 while True:
                     wait = None
                     try:
@@ -311,7 +332,11 @@ class Upstream:
                         return self._cut(request, resp, self._unreachable(e))
                     if tee is not None:
                         tee(chunk)
-                    await resp.write(chunk)
+                    out = translate.feed(chunk) if translate else chunk
+                    if out:
+                        await resp.write(out)
+                if translate:
+                    await resp.write(translate.finish())
                 await resp.write_eof()
             except ConnectionResetError as e:  # aiohttp's ClientConnectionResetError too: the client left first
                 log.info("%s %s: client disconnected before the reply was complete (%s)", request.method, path,
