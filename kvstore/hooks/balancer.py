@@ -41,9 +41,12 @@ BALANCES = ("name", "roundrobin")
 STATES_PATH = "/kvstore/states/"  # /kvstore/states/{name}: the name is the path's 4th field
 KEY_VAR = "txn.kv_key"
 SERVER_HEADER = "X-KV-Server"
-# JSON fields whose head stands for an unnamed prompt: llama-server's /completion, the OpenAI chat API, and its
-# Responses API (the input as a string or its first item's text, then the instructions, which come first).
-PROMPT_PATHS = ("$.prompt", "$.messages[0].content", "$.input", "$.input[0].content", "$.instructions")
+# JSON fields whose head stands for an unnamed prompt: llama-server's /completion, the OpenAI chat API, its
+# Responses API (the input as a string or its first item's text, then the instructions, which come first), and
+# Anthropic's Messages API (its first message, then a `system` string, which comes first).
+PROMPT_PATHS = ("$.prompt", "$.messages[0].content", "$.input", "$.input[0].content", "$.instructions", "$.system")
+# The Messages API's end-user id: the name with --name-from-user, as `user` is on OpenAI's APIs.
+MESSAGES_USER_PATH = "$.metadata.user_id"
 # OpenAI's routing hint for its prompt cache (chat and Responses APIs): requests that give the same key are meant to
 # meet the same cache; above the prompt's head, below a name.
 CACHE_KEY_FIELD = "prompt_cache_key"
@@ -116,7 +119,8 @@ def _key_rules(cfg: BalancerConfig) -> list[str]:
     rules += ["# named: as kvstore serve reads the name (kvstore/hooks/naming.py); the body wins over the header",
               f"http-request set-var({KEY_VAR},ifnotempty) path,field(4,/),url_dec if {{ path_beg {STATES_PATH} }}"]
     if cfg.name_from_user:
-        rules.append(f"http-request set-var({KEY_VAR},ifnotempty) req.body,json_query('$.{USER_FIELD}')")
+        rules += [f"http-request set-var({KEY_VAR},ifnotempty) req.body,json_query('{p}')"
+                  for p in (MESSAGES_USER_PATH, f"$.{USER_FIELD}")]
     rules += [f"http-request set-var({KEY_VAR},ifnotempty) req.hdr({NAME_HEADER})",
               f"http-request set-var({KEY_VAR},ifnotempty) req.body,json_query('$.{NAME_FIELD}')"]
     return rules

@@ -177,6 +177,18 @@ def test_unnamed_questions_about_one_article_meet_on_one_server(farm):
     for a, hits in where.items():
         assert len({s for s, _ in hits[2:]}) == 1, (a, hits)
         assert hits[3][1] >= tokens(farm.lb.url, ARTICLES[a]) - SLACK, (a, hits)
+    # And through Anthropic's Messages API: keyed by the first message's text (its body begins otherwise again).
+    for a, article in enumerate(ARTICLES):
+        for i, q in enumerate(ARTICLE_QUESTIONS[:2]):
+            body = {"messages": [{"role": "user", "content": article + "\n" + q}], "max_tokens": 2}
+            if i:
+                body = {"model": "m", "temperature": 0, **body}
+            r = post(farm.lb.url, "/v1/messages", body, auth(KEYS["team"]))
+            assert r.status == 200, r.body[:300]
+            where[a].append((r.headers["X-KV-Server"], r.json["usage"]["cache_read_input_tokens"]))
+    for a, hits in where.items():
+        assert len({s for s, _ in hits[4:]}) == 1, (a, hits)
+        assert hits[5][1] >= tokens(farm.lb.url, ARTICLES[a]) - SLACK, (a, hits)
     # OpenAI's prompt_cache_key routes unnamed requests whose prompts share nothing to one server (4 keys: the
     # raw heads alone would put both requests of a key on one server for all four with probability 1/16).
     for k in range(4):

@@ -50,7 +50,11 @@ def test_keyed_on_the_fields_kvstore_serve_reads(tmp_path):
     heads = [i for i, r in enumerate(rules) if "bytes(0," in r]
     assert len(at) == 1 and max(heads) < at[0] < len(rules) - 3, rules
     with_user = balancer_config("--listen", "0.0.0.0:8080", *SERVERS, "--name-from-user").stdout
-    assert f"json_query('$.{naming.USER_FIELD}')" in with_user
+    user_rules = [line.strip() for line in with_user.splitlines() if "set-var(txn.kv_key" in line]
+    # Anthropic's Messages API names its end user in metadata.user_id; a body's own `user` wins, as in the hooks
+    at = [i for i, r in enumerate(user_rules)
+          if r.endswith(("json_query('$.metadata.user_id')", f"json_query('$.{naming.USER_FIELD}')"))]
+    assert len(at) == 2 and user_rules[at[0]].endswith("'$.metadata.user_id')") and at[1] == at[0] + 1, user_rules
     for line in ("balance hash var(txn.kv_key)", "hash-type consistent", "hash-balance-factor 170",
                  "option httpchk GET /health", "retries 1", "option redispatch 1",
                  "retry-on conn-failure empty-response 503", "option http-buffer-request"):
