@@ -25,6 +25,9 @@ APPLY_TEMPLATE = "/apply-template"
 LORA_ADAPTERS = "/lora-adapters"
 COMPLETION = "/completion"
 SLOT_ACTIONS = ("save", "restore", "erase")
+# The headers llama-server reads an API key from, in order: `Authorization: Bearer KEY` (OpenAI's clients), else
+# `X-Api-Key: KEY` (Anthropic's).
+API_KEY_HEADERS = ("Authorization", "X-Api-Key")
 # Fields of a chat request that /apply-template uses to render the prompt.
 TEMPLATE_FIELDS = ("messages", "tools", "chat_template_kwargs", "tool_choice")
 
@@ -46,6 +49,14 @@ def slot_body(filename: Optional[str]) -> dict:
 def tokenize_request(text: str, *, add_special: bool = True) -> dict:
     """The `/tokenize` body: by default the tokens llama-server evaluates for `text` as a `/completion` prompt."""
     return {"content": text, "add_special": add_special, "parse_special": True}
+
+
+def api_key_of(headers: Mapping[str, str]) -> str:
+    """The API key a request carries, as llama-server reads it ("" for none; a non-Bearer Authorization is none)."""
+    auth = headers.get(API_KEY_HEADERS[0], "")
+    if auth:
+        return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    return headers.get(API_KEY_HEADERS[1], "").strip()
 
 
 def tokens_of(reply: Any) -> list[int]:
@@ -104,7 +115,9 @@ def timings_of(reply: object) -> Optional[dict]:
     if isinstance(reply.get("timings"), dict):
         return reply["timings"]
     usage = reply.get("usage")
-    details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("input_tokens_details")
     if isinstance(details, dict) and isinstance(usage.get("input_tokens"), int) \
             and isinstance(details.get("cached_tokens"), int):
         return {"prompt_n": usage["input_tokens"] - details["cached_tokens"], "cache_n": details["cached_tokens"]}

@@ -1,10 +1,11 @@
 """Who is calling: API keys -> namespaces (`Tenancy`), and the `Caller` a request is served as. No aiohttp.web.
 
-Contract: without keys the server is single-tenant: every client is trusted, `X-KV-Namespace` (else a hash of the bearer key)
-only labels states. With keys (`--api-key`, `--api-key-file`, `--admin-api-key`) a request needs
-`Authorization: Bearer KEY` (401 otherwise); its namespace is the key's, `X-KV-Namespace` naming another one is 403
-unless the key may set it (`--allow-namespace-header`, or `namespace-header` in the key file); an admin key sees and
-may touch every namespace. Key file format (docs/hooks.md): one key per line, `KEY [NAMESPACE|-] [FLAG,...]`, flags
+Contract: without keys the server is single-tenant: every client is trusted, `X-KV-Namespace` (else a hash of the
+client's key) only labels states. With keys (`--api-key`, `--api-key-file`, `--admin-api-key`) a request needs
+`Authorization: Bearer KEY`, or `X-Api-Key: KEY` as Anthropic's clients send it (`llama.api_key_of`, as llama-server
+reads them; 401 otherwise); its namespace is the key's, `X-KV-Namespace` naming another one is 403 unless the key
+may set it (`--allow-namespace-header`, or `namespace-header` in the key file); an admin key sees and may touch
+every namespace. Key file format (docs/hooks.md): one key per line, `KEY [NAMESPACE|-] [FLAG,...]`, flags
 `admin`, `namespace-header` and `quota=SIZE` (the namespace's share of the store, hooks/bound.py); `#` starts a
 comment.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
+from kvstore import llama
 from kvstore.config import LocationError, parse_size
 
 from .errors import BadRequest, Forbidden, Unauthorized
@@ -82,8 +84,7 @@ class Tenancy:
                 "namespace_header": "allowed" if self.allow_namespace_header else "per key"}
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
-        auth = headers.get("Authorization", "")
-        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        key = llama.api_key_of(headers)
         header_ns = headers.get(NAMESPACE_HEADER)
         if not self.enabled:  # single-tenant: the namespace is only a label
             if header_ns:
@@ -91,7 +92,7 @@ class Tenancy:
             return Caller(key_namespace(key) if key else "", admin=True, may_set_namespace=True)
         entry = self._by_digest.get(_digest(key)) if key else None
         if entry is None:
-            raise Unauthorized("invalid or missing API key: send `Authorization: Bearer KEY`")
+            raise Unauthorized("invalid or missing API key: send `Authorization: Bearer KEY` (or `X-Api-Key: KEY`)")
         may_set = entry.admin or entry.namespace_header or self.allow_namespace_header
         ns = entry.namespace
         if header_ns:

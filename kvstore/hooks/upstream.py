@@ -35,11 +35,15 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
 ))
 
 
-def request_headers(headers, *, keep_length: bool = False) -> dict[str, str]:
-    """Headers forwarded upstream: hop-by-hop and ours removed (Content-Length kept for a streamed body)."""
+_KEY_HEADERS = frozenset(h.lower() for h in llama.API_KEY_HEADERS)
+
+
+def request_headers(headers, *, keep_length: bool = False, strip_keys: bool = False) -> dict[str, str]:
+    """Headers forwarded upstream: hop-by-hop and ours removed (Content-Length kept for a streamed body), and with
+    `strip_keys` the client's API key in either header llama-server reads."""
     return {k: v for k, v in headers.items()
             if (k.lower() not in HOP_BY_HOP or (keep_length and k.lower() == "content-length"))
-            and not k.lower().startswith("x-kv-")}
+            and not k.lower().startswith("x-kv-") and not (strip_keys and k.lower() in _KEY_HEADERS)}
 
 
 # A pooled connection that the server closed while idle fails like this before any byte of the reply (the server
@@ -107,7 +111,8 @@ class Upstream:
                  strip_client_key: bool = False, stall: float = STALL_TIMEOUT,
                  on_stall: Optional[Callable[[], None]] = None):
         """api_key: llama-server's own --api-key, sent on every call in place of the client's. strip_client_key:
-        never pass a client's Authorization on (with tenant keys it is kvstore's key, not llama-server's).
+        never pass a client's key on (`Authorization`, `X-Api-Key`): with tenant keys it is kvstore's key, not
+        llama-server's.
         stall: seconds without an answered /health probe that make llama-server stalled (`watch_liveness`)."""
         self.url = url.rstrip("/")
         self.session = session
@@ -284,9 +289,7 @@ class Upstream:
         else:
             content_type = "application/json"
         streamed = body is None and request.body_exists
-        headers = request_headers(request.headers, keep_length=streamed)
-        if self.strip_client_key:
-            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        headers = request_headers(request.headers, keep_length=streamed, strip_keys=self.strip_client_key)
         headers.update(self.auth)
         if body is not None and content_type:
             headers["Content-Type"] = content_type

@@ -46,16 +46,18 @@ from __future__ import annotations
 import ipaddress
 from typing import Mapping, Optional
 
+from kvstore.llama import API_KEY_HEADERS
 from kvstore.page.history import EVICTION_REASONS, KINDS, History
 from kvstore.page.render import render_fragment, render_page
 from kvstore.page.snapshot import store_snapshot
 
 
 def operator_view(remote: Optional[str], headers: Mapping[str, str]) -> bool:
-    """True for the operator: a request from the loopback interface with no API key and no namespace header;
-    it sees every namespace. Anyone else sees their own namespace only (as on the API). Behind a reverse proxy on
-    the same host every request comes from loopback: that proxy must then send a key or a namespace."""
-    if headers.get("Authorization") or headers.get("X-KV-Namespace") is not None:
+    """True for the operator: a request from the loopback interface with no API key (`Authorization`, `X-Api-Key`)
+    and no namespace header; it sees every namespace. Anyone else sees their own namespace only (as on the API).
+    Behind a reverse proxy on the same host every request comes from loopback: that proxy must then send a key or
+    a namespace."""
+    if any(headers.get(h) for h in API_KEY_HEADERS) or headers.get("X-KV-Namespace") is not None:
         return False
     try:
         return remote is not None and ipaddress.ip_address(remote.split("%")[0]).is_loopback

@@ -39,7 +39,8 @@ def _prompt(i: int, tail: str = "User: Hello!\nAssistant:") -> str:
 
 def test_keys_required(env):
     u = env["u"]
-    for headers in (None, {"Authorization": "Bearer nope"}, {"Authorization": KEY_A}):
+    for headers in (None, {"Authorization": "Bearer nope"}, {"Authorization": KEY_A}, {"X-Api-Key": "nope"},
+                    {"Authorization": "Bearer nope", "X-Api-Key": KEY_A}):
         for method, path, body in (("GET", "/kvstore/stats", None), ("POST", "/completion", {"prompt": "hi"}),
                                    ("GET", "/props", None), ("POST", "/slots/0?action=erase", {})):
             r = request(u + path, method, body, headers)
@@ -51,6 +52,46 @@ def test_keys_required(env):
     st = get(u, "/kvstore/stats", A).json
     assert st["tenancy"]["mode"] == "keys" and st["namespace"] == NS_A
     assert get(u, "/kvstore/stats", B).json["namespace"] == env["ns_b"]
+    # Anthropic's clients send the key as X-Api-Key; llama-server reads it when Authorization is absent, so do we.
+    assert get(u, "/kvstore/stats", {"X-Api-Key": KEY_A}).json["namespace"] == NS_A
+
+
+def test_the_anthropic_client_with_a_tenant_key(env):
+    """Anthropic's own client (its key in X-Api-Key) through the hooks: a named conversation is answered and, streamed,
+    accumulated by the client into one message, reusing the slot; kept in the key's namespace, so another tenant's
+    request of the same name starts from nothing (no cell reused); a wrong key is the client's AuthenticationError."""
+    import anthropic
+
+    def client(key: str) -> "anthropic.Anthropic":
+        return anthropic.Anthropic(base_url=env["u"], api_key=key, max_retries=0)
+
+    ask = [{"role": "user", "content": _prompt(3, "") + "What is my name?"}]
+    # Greedy: this client's own parameters no longer include the sampling fields; llama-server reads them.
+    sampling = {"model": "m", "max_tokens": 6,
+                "extra_body": {"temperature": 0, "top_k": 1, "cache_prompt_name": "anthro"}}
+    try:
+        raw = client(KEY_A).messages.with_raw_response.create(messages=ask, **sampling)
+        first = raw.parse()
+        assert raw.headers["X-KV-Name"] == "anthro" and first.content[0].type == "text", raw.headers
+        follow = ask + [{"role": "assistant", "content": first.content[0].text},
+                        {"role": "user", "content": "And which city do I live in?"}]
+        with client(KEY_A).messages.stream(messages=follow, **sampling) as stream:
+            kind = stream.response.headers["X-KV-Cache"]
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert kind in ("slot", "restored") and final.content[0].text == text and text, (kind, final)
+        assert final.stop_reason in ("max_tokens", "end_turn") and final.usage.output_tokens > 0, final
+        # The first turn's prompt was reused whole (less the one token llama-server always evaluates again).
+        prompt = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
+        assert (final.usage.cache_read_input_tokens or 0) >= prompt - 1, (final.usage, first.usage)
+        other = client(KEY_B).messages.with_raw_response.create(messages=follow, **sampling)
+        assert other.headers["X-KV-Cache"] == "miss", other.headers
+        assert other.parse().usage.cache_read_input_tokens == 0, other.parse().usage
+        with pytest.raises(anthropic.AuthenticationError):
+            client("sk-nope").messages.create(messages=ask, **sampling)
+    finally:  # the module's other tests list these namespaces' names
+        for key in (A, B):
+            request(env["u"] + "/kvstore/states/anthro", "DELETE", None, key)
 
 
 def test_embedded_server_needs_its_key(env):
@@ -247,3 +288,17 @@ def test_key_file_format(tmp_path):
     admin = t.caller({"Authorization": "Bearer k1"})
     assert admin.admin and admin.namespace == "shared"
     assert t.caller({"Authorization": "Bearer k2"}).namespace == key_namespace("k2")
+    assert t.caller({"X-Api-Key": "k2"}).namespace == key_namespace("k2")
+    assert t.caller({"Authorization": "Bearer k1", "X-Api-Key": "k2"}).admin  # Authorization first, as llama-server
+
+
+def test_a_clients_key_is_not_passed_to_llama_server():
+    """With tenant keys (or an upstream key) neither header llama-server reads a key from is forwarded: a tenant's
+    key is kvstore's, and kvstore sends llama-server's own."""
+    from kvstore.hooks.upstream import request_headers
+
+    sent = {"Authorization": "Bearer sk-a", "X-Api-Key": "sk-a", "x-api-key": "sk-a", "X-KV-Name": "n",
+            "Content-Type": "application/json", "Connection": "close", "anthropic-version": "2023-06-01"}
+    assert request_headers(sent, strip_keys=True) == {"Content-Type": "application/json",
+                                                      "anthropic-version": "2023-06-01"}
+    assert request_headers(sent)["X-Api-Key"] == "sk-a"  # single-tenant, no upstream key: as llama-server gets it
