@@ -251,10 +251,11 @@ def test_messages_through_kvstore_answer_as_llama_servers_own(model, tmp_path):
                 assert comparable(r.body, stream) == comparable(theirs[(what, stream)], stream), (what, stream)
 
         # The billing stamp differs in every Claude Code request; the conversation's state is still reused whole.
+        # (Claude Code sends its requests to /v1/messages?beta=true.)
         claude = {**bodies["system blocks (Claude Code's billing header)"], "cache_prompt_name": "claude"}
-        first = post(h.url, "/v1/messages", claude)
+        first = post(h.url, "/v1/messages?beta=true", claude)
         restamped = [{"type": "text", "text": CLAUDE_CODE_SYSTEM[0]["text"].replace("a5145", "0b9d2")}]
-        again = post(h.url, "/v1/messages", {**claude, "system": restamped})
+        again = post(h.url, "/v1/messages?beta=true", {**claude, "system": restamped})
         assert first.status == again.status == 200, (first.body[:300], again.body[:300])
         assert again.headers["X-KV-Cache"] == "slot", dict(again.headers)
         prompt = again.json["usage"]["input_tokens"] + again.json["usage"]["cache_read_input_tokens"]
