@@ -157,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("serve", "run the kvstore proxy in front of llama-server (see `kvstore serve --help`)", cmd_serve)
     add_serve_args(sp)
-    sp = add("batch", "answer an OpenAI Batch file (JSONL) through kvstore serve, each shared prefix evaluated "
-                      "once (see `kvstore batch --help`)", cmd_batch)
+    sp = add("batch", "answer an OpenAI Batch file (JSONL; or Anthropic Message Batches lines) through kvstore "
+                      "serve, each shared prefix evaluated once (see `kvstore batch --help`)", cmd_batch)
     from kvstore.batch.command import add_batch_args
 
     add_batch_args(sp)

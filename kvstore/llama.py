@@ -108,7 +108,7 @@ def error_text(body: bytes) -> str:
 
 
 def timings_of(reply: object) -> Optional[dict]:
-    """A non-streamed reply's `timings`. llama-server's Responses API replies carry none, only OpenAI's `usage`:
+    """A non-streamed reply's `timings`. llama-server's Responses and Messages API replies carry none, only `usage`:
     from it the prompt tokens evaluated and reused (`prompt_n`, `cache_n`; no times)."""
     if not isinstance(reply, dict):
         return None
@@ -117,6 +117,9 @@ def timings_of(reply: object) -> Optional[dict]:
     usage = reply.get("usage")
     if not isinstance(usage, dict):
         return None
+    if isinstance(usage.get("input_tokens"), int) and isinstance(usage.get("cache_read_input_tokens"), int):
+        # Anthropic's usage: input_tokens are those evaluated, besides the ones read from the cache
+        return {"prompt_n": usage["input_tokens"], "cache_n": usage["cache_read_input_tokens"]}
     details = usage.get("input_tokens_details")
     if isinstance(details, dict) and isinstance(usage.get("input_tokens"), int) \
             and isinstance(details.get("cached_tokens"), int):

@@ -16,7 +16,8 @@ from kvstore.cliutil import CliError
 
 
 def add_batch_args(sp) -> None:
-    sp.add_argument("input", metavar="INPUT", help="OpenAI Batch file: one {custom_id, method, url, body} per line")
+    sp.add_argument("input", metavar="INPUT", help="OpenAI Batch file: one {custom_id, method, url, body} per line "
+                                                  "(or Anthropic Message Batches: {custom_id, params})")
     sp.add_argument("-o", "--output", required=True, metavar="OUTPUT",
                     help="answers, one line per request; an existing OUTPUT is resumed (answered ids are skipped)")
     sp.add_argument("--server", metavar="URL", help="a running kvstore serve (or plain llama-server; --api-key: the "

@@ -1,10 +1,13 @@
-"""The batch input: OpenAI's Batch file format, one request a line, read as a stream.
+"""The batch input: OpenAI's Batch file format (or Anthropic's Message Batches requests), one request a line, read
+as a stream.
 
 Contract: `read(path)` yields one `Line` per input line, in order, holding only its byte offset and length in the
 file (bodies are read again by offset when sent, so memory does not grow with the file), or the reason the line
 cannot run. A line runs if it is a JSON object with a string `custom_id` not seen before, `"method": "POST"`, a
-`url` of `URLS` and an object `body` with one prompt (`messages` for chat, `input` for OpenAI's Responses API,
-`prompt` as a string or token ids otherwise). Empty lines are skipped. Nothing here talks to a server.
+`url` of `URLS` and an object `body` with one prompt (`messages` for chat and Anthropic's Messages API, `input` for
+OpenAI's Responses API, `prompt` as a string or token ids otherwise). A line of Anthropic's Message Batches
+(`{"custom_id", "params"}`, no `url`) is a `/v1/messages` request whose body is `params`. Empty lines are skipped.
+Nothing here talks to a server.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from typing import Any, Iterator, Optional
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
-URLS = (CHAT, RESPONSES, "/v1/completions", "/completion")
+MESSAGES = "/v1/messages"
+URLS = (CHAT, RESPONSES, MESSAGES, "/v1/completions", "/completion")
+PARAMS = "params"  # an Anthropic Message Batches line's request body
 
 
 @dataclass
@@ -32,6 +37,16 @@ class Line:
         return self.url == CHAT
 
 
+def _body_key(doc: dict) -> str:
+    """Where a line's request body is: `params` on an Anthropic Message Batches line (it has no `url`)."""
+    return PARAMS if "url" not in doc and PARAMS in doc else "body"
+
+
+def url_of(doc: dict) -> Any:
+    """A line's endpoint: its `url`, or the Messages API for an Anthropic Message Batches line."""
+    return MESSAGES if _body_key(doc) == PARAMS else doc.get("url")
+
+
 def problem(doc: Any) -> Optional[str]:
     """Why a decoded line is not a request this command can send (None: it is)."""
     if not isinstance(doc, dict):
@@ -41,16 +56,17 @@ def problem(doc: Any) -> Optional[str]:
         return "missing `custom_id` (a non-empty string)"
     if doc.get("method", "POST") != "POST":
         return f"`method` must be POST, not {doc.get('method')!r}"
-    url = doc.get("url")
+    url = url_of(doc)
     if url not in URLS:
         return f"unknown `url` {url!r}: one of {', '.join(URLS)}"
-    body = doc.get("body")
+    key = _body_key(doc)
+    body = doc.get(key)
     if not isinstance(body, dict):
-        return "`body` must be a JSON object"
-    if url == CHAT:
+        return f"`{key}` must be a JSON object"
+    if url in (CHAT, MESSAGES):
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
-            return "a chat request needs `messages` (a non-empty list)"
+            return "a chat or Messages request needs `messages` (a non-empty list)"
     elif url == RESPONSES:
         given = body.get("input")
         if not (isinstance(given, str) and given) and not (isinstance(given, list) and given):
@@ -85,7 +101,7 @@ def read(path: Path) -> Iterator[Line]:
                 line.custom_id = doc["custom_id"]
             line.error = problem(doc)
             if line.error is None:
-                line.url = doc["url"]
+                line.url = url_of(doc)
                 if line.custom_id in seen:
                     line.error = f"duplicate custom_id {line.custom_id!r} (first seen earlier in the file)"
                 else:
@@ -99,4 +115,5 @@ def body_of(path: Path, line: Line) -> dict:
     """The request body of a line that runs, read again from the input."""
     with open(path, "rb") as f:
         f.seek(line.offset)
-        return json.loads(f.read(line.length))["body"]
+        doc = json.loads(f.read(line.length))
+        return doc[_body_key(doc)]

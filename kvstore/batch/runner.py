@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import aiohttp
 
-from kvstore import llama, responses_api
+from kvstore import anthropic_api, llama, responses_api
 
 from . import requests as rq
 from .output import Output, record
@@ -139,7 +139,12 @@ class Client:
             if as_chat is None:  # outside the text subset (an image, a reasoning item): no shared prefix planned
                 return []
             body = as_chat
-        if line.chat or line.url == rq.RESPONSES:
+        elif line.url == rq.MESSAGES:
+            try:
+                body = anthropic_api.chat_request(body)
+            except anthropic_api.NotConvertible:  # sent as it is: the server's 400 says why
+                return []
+        if line.chat or line.url in (rq.RESPONSES, rq.MESSAGES):
             prompt = llama.prompt_of(await self.ok("POST", llama.APPLY_TEMPLATE, llama.template_request(body)))
         elif isinstance(body["prompt"], list):
             return list(body["prompt"])
@@ -261,7 +266,7 @@ class Batch:
             self.out.write(record(line.custom_id, status=status, body=doc))
             if status == 200:
                 self.s.answered += 1
-                timings = llama.timings_of(doc) or {}  # a Responses reply: from its usage
+                timings = llama.timings_of(doc) or {}  # a Responses or Messages reply: from its usage
                 self.s.evaluated += int(timings.get("prompt_n") or 0)
                 kind = headers.get("X-KV-Cache")
                 if kind:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from corpus import ARTICLES, QUESTIONS, SLACK
-from hooks_support import engine, hooks, stack
+from hooks_support import engine, hooks, post, stack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,17 +30,25 @@ def kv_batch(*args, timeout=900) -> subprocess.CompletedProcess:
 def write_batch(path: Path, order: str, *, name_by_article=True, n_predict=4, seed=0, head="", api="completion"
                 ) -> list[dict]:
     """Articles x questions; `head` starts every prompt, so batches on one server share nothing cached. api:
-    "completion" (`/completion`, `prompt`) or "responses" (`/v1/responses`, the prompt as `input`)."""
+    "completion" (`/completion`, `prompt`), "responses" (`/v1/responses`, the prompt as `input`) or "messages"
+    (Anthropic's Message Batches lines: `params` with the prompt as the user's message, no `url`)."""
     def body(a: int, q: int) -> dict:
         named = {"cache_prompt_name": f"article-{a}-{zlib.crc32(head.encode()):08x}"} if name_by_article else {}
         if api == "responses":
             return {"input": head + ARTICLES[a] + QUESTIONS[q], "max_output_tokens": n_predict, "temperature": 0,
                     **named}
+        if api == "messages":
+            return {"messages": [{"role": "user", "content": head + ARTICLES[a] + QUESTIONS[q]}],
+                    "max_tokens": n_predict, "temperature": 0, **named}
         return {"prompt": head + ARTICLES[a] + QUESTIONS[q], "n_predict": n_predict, "temperature": 0, **named}
 
-    url = "/v1/responses" if api == "responses" else "/completion"
-    reqs = [{"custom_id": f"a{a}-q{q}", "method": "POST", "url": url, "body": body(a, q)}
-            for a in range(len(ARTICLES)) for q in range(len(QUESTIONS))]
+    def line(a: int, q: int) -> dict:
+        if api == "messages":
+            return {"custom_id": f"a{a}-q{q}", "params": body(a, q)}
+        return {"custom_id": f"a{a}-q{q}", "method": "POST", "url": "/v1/responses" if api == "responses" else
+                "/completion", "body": body(a, q)}
+
+    reqs = [line(a, q) for a in range(len(ARTICLES)) for q in range(len(QUESTIONS))]
     if order == "question-major":
         reqs.sort(key=lambda r: (r["custom_id"].split("-")[1], r["custom_id"]))
     elif order == "shuffled":
@@ -75,21 +83,26 @@ def kvserve(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("order,concurrency,api", [("shuffled", 2, "completion"), ("question-major", 4, "completion"),
-                                                   ("article-major", 2, "completion"), ("shuffled", 4, "responses")])
+                                                   ("article-major", 2, "completion"), ("shuffled", 4, "responses"),
+                                                   ("question-major", 2, "messages")])
 def test_articles_by_name_in_any_order_evaluate_each_article_once(kvserve, tmp_path, order, concurrency, api):
     model, url = kvserve
+    # The slots start empty: the ideal counts every token once, and a chat template's head (SmolLM2's default system
+    # prompt) left in a slot by an earlier batch on this server would be reused below it.
+    for slot in range(2):
+        assert post(url, f"/slots/{slot}?action=erase", {}).status == 200
     inp, out, summary = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "summary.json"
     reqs = write_batch(inp, order, seed=concurrency, head=f"Batch {order} {concurrency} {api}. ", api=api)
     r = kv_batch(inp, "-o", out, "--server", url, "--concurrency", concurrency, "--summary", summary, "-q")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = check_output(out, {q["custom_id"] for q in reqs})
-    text = "output" if api == "responses" else "content"
+    text = "output" if api == "responses" else "content"  # (a Messages reply's is a list of blocks)
     assert all(d["response"]["status_code"] == 200 and d["response"]["body"][text] is not None for d in lines)
     s = json.loads(summary.read_text())
     assert s["requests"] == s["answered"] == len(reqs) and s["errors"] == 0
-    # A Responses prompt is the chat template around the text: its head (shared by every request) may be one more
-    # prefix, the parent of every article.
-    prefixes = (len(ARTICLES), len(ARTICLES) + 1) if api == "responses" else (len(ARTICLES),)
+    # A Responses or Messages prompt is the chat template around the text: its head (shared by every request) may be
+    # one more prefix, the parent of every article.
+    prefixes = (len(ARTICLES), len(ARTICLES) + 1) if api != "completion" else (len(ARTICLES),)
     assert s["concurrency"] == concurrency and s["kvstore"] is True and s["prefixes"] in prefixes, s
     # Tokens: each article once, each question once; the per-request slack is llama-server's own rollback to its
     # checkpoint a few tokens before a stored prompt's end on Gemma 3 (corpus.SLACK), which plain serving pays too.
@@ -143,10 +156,13 @@ def test_bad_lines_are_answered_with_errors_and_the_batch_goes_on(tmp_path, smol
             "body": {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}}
     resp = {"custom_id": "resp", "method": "POST", "url": "/v1/responses",
             "body": {"input": [{"role": "user", "content": "Hello there"}], "max_output_tokens": 2}}
+    anthropic = {"custom_id": "anthropic", "params": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}}
     lines = [json.dumps(good), "{not json", json.dumps({"method": "POST", "url": "/completion", "body": {}}),
              json.dumps({**good, "custom_id": "bad-url", "url": "/v1/embeddings"}), json.dumps(good),
              json.dumps({**good, "custom_id": "two", "body": {"prompt": ["a", "b"]}}), json.dumps(chat),
-             json.dumps({**resp, "custom_id": "no-input", "body": {"input": []}}), json.dumps(resp)]
+             json.dumps({**resp, "custom_id": "no-input", "body": {"input": []}}), json.dumps(resp),
+             json.dumps(anthropic), json.dumps({"custom_id": "no-messages", "params": {"max_tokens": 2}}),
+             json.dumps({"custom_id": "no-params", "params": "Hi"})]
     inp.write_text("\n".join(lines) + "\n")
     r = kv_batch(inp, "-o", out, "--server", h.url, "-q")
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
@@ -158,9 +174,12 @@ def test_bad_lines_are_answered_with_errors_and_the_batch_goes_on(tmp_path, smol
     assert any("line 5: duplicate custom_id 'ok'" in m for m in errors), errors
     assert any("line 6: `prompt` must be one string" in m for m in errors), errors
     assert any("line 8: a Responses request needs `input`" in m for m in errors), errors
+    assert any("line 11: a chat or Messages request needs `messages`" in m for m in errors), errors
+    assert any("line 12: `params` must be a JSON object" in m for m in errors), errors
     ok = {d["custom_id"]: d["response"] for d in docs if d["error"] is None}
-    assert set(ok) == {"ok", "chat", "resp"} and all(v["status_code"] == 200 for v in ok.values())
+    assert set(ok) == {"ok", "chat", "resp", "anthropic"} and all(v["status_code"] == 200 for v in ok.values())
     assert ok["resp"]["body"]["object"] == "response"
+    assert ok["anthropic"]["body"]["type"] == "message" and ok["anthropic"]["body"]["content"][0]["type"] == "text"
     assert ok["chat"]["body"]["choices"][0]["message"]["role"] == "assistant"
     # Nothing listening: nothing could run, exit 2 with one line.
     r = kv_batch(inp, "-o", tmp_path / "o2.jsonl", "--server", "http://127.0.0.1:9", "-q")
