@@ -33,6 +33,11 @@ class RouteNotFound(Exception):
     """The raw method and path are not on the route allowlist (404)."""
 
 
+class NotSupported(Exception):
+    """An endpoint of llama-server's that the hooks cannot serve without risking a kept state (501); str() says why
+    and what to do instead."""
+
+
 class UpstreamError(Exception):
     """llama-server could not be reached or answered garbage (502)."""
 

@@ -17,7 +17,7 @@ from kvstore.errors import StoreFull
 from . import bound as bd
 from . import naming as nm
 from .broker import Once
-from .errors import BadRequest, remote_unavailable
+from .errors import BadRequest, NotSupported, remote_unavailable
 from .metrics import Metrics, timings_from_sse_tail
 from .auth import Caller
 from .routes import CHAT_PATHS, MESSAGES_PATHS, RESPONSES_PATHS, SLOT_ONLY_PATHS, caller
@@ -248,6 +248,11 @@ class Handlers:
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         return await self.h.wired.up.forward(request, request.path)
+
+    async def slot_clobbering(self, request: web.Request) -> web.StreamResponse:
+        raise NotSupported(f"POST {request.path} is not served through kvstore: llama-server computes embeddings and "
+                           "rerankings in a slot it picks itself, discarding the state kept there; send them to a "
+                           "llama-server of their own (started with --embeddings or --reranking)")
 
 
 def _naming_fields(body: dict, path: str) -> dict:

@@ -7,6 +7,7 @@ llama-server's (and OpenAI's) shape: `{"error": {"message", "type"}}`.
 |---|---|---|
 | `BadRequest` (incl. `naming.BadName`), `kvstore.errors.InvalidName` | 400 | invalid_request_error |
 | `NotFound`, `kvstore.errors.NameNotFound`, `RouteNotFound` | 404 | not_found_error |
+| `NotSupported` | 501 | not_supported_error |
 | `Unauthorized` | 401 + `WWW-Authenticate: Bearer` | authentication_error |
 | `Forbidden` | 403 | permission_error |
 | `QueueFull` | 503 + `Retry-After: 1` | unavailable_error |
@@ -31,7 +32,7 @@ from aiohttp import web
 
 from kvstore.errors import FingerprintMismatch, InvalidName, KvStoreError, NameNotFound, StoreFull, error_message
 
-from .errors import (BadRequest, Forbidden, GcLocked, NotFound, QueueFull, RemoteUnavailable,
+from .errors import (BadRequest, Forbidden, GcLocked, NotFound, NotSupported, QueueFull, RemoteUnavailable,
                      RouteNotFound, Unauthorized, Unavailable, UpstreamError, UpstreamReply, UpstreamTimeout)
 
 log = logging.getLogger("kvstore.hooks")
@@ -43,6 +44,7 @@ STATUSES: tuple[tuple[type, int, str, Optional[dict]], ...] = (
     (NotFound, 404, "not_found_error", None),
     (NameNotFound, 404, "not_found_error", None),
     (RouteNotFound, 404, "not_found_error", None),
+    (NotSupported, 501, "not_supported_error", None),
     (Unauthorized, 401, "authentication_error", {"WWW-Authenticate": "Bearer"}),
     (Forbidden, 403, "permission_error", None),
     (QueueFull, 503, "unavailable_error", {"Retry-After": "1"}),

@@ -26,6 +26,11 @@ RESPONSES_PATHS = ("/responses", "/v1/responses")  # OpenAI's Responses API: lla
 # hooks make that rebuild themselves and send it to chat completions (`kvstore.anthropic_api`).
 MESSAGES_PATHS = ("/v1/messages",)
 SLOT_ONLY_PATHS = ("/infill",)  # evaluate in a slot, but never named
+# Embeddings and reranking: llama-server runs them in a slot it picks itself (it ignores id_slot there) and
+# evaluates from scratch, discarding that slot's cells (measured: a resident state lost), so they are refused, with
+# why. (A llama-server without --embeddings / --reranking refuses them too.)
+SLOT_CLOBBERING_PATHS = ("/embedding", "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank",
+                         "/v1/reranking")
 HEALTH_PATHS = ("/health", "/v1/health")  # open; until llama-server is ready, a 503 saying why
 
 _NAME = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})+"
@@ -61,8 +66,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/models", "passthrough", open=True),
     Route("GET", "/models", "passthrough", open=True),
     Route("GET", "/slots", "passthrough", admin=True),
-    *(Route("POST", p, "passthrough") for p in ("/tokenize", "/detokenize", "/apply-template", "/embedding",
-                                                "/embeddings", "/v1/embeddings")),
+    *(Route("POST", p, "passthrough") for p in ("/tokenize", "/detokenize", "/apply-template")),
+    *(Route("POST", p, "slot_clobbering") for p in SLOT_CLOBBERING_PATHS),
     # Token counts: the prompt is rendered and tokenized on llama-server's HTTP thread, no slot is touched.
     *(Route("POST", p, "passthrough") for p in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens",
                                                 "/responses/input_tokens", "/v1/responses/input_tokens",

@@ -16,7 +16,7 @@ import pytest
 from kvstore.anthropic_api import chat_request
 from kvstore.responses_api import chat_body
 
-from hooks_support import MODELS, QUESTIONS, engine, get, hooks, intro, metric, post, stack
+from hooks_support import MODELS, QUESTIONS, complete, engine, get, hooks, intro, metric, post, stack
 
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 N_OUT = 6
@@ -364,6 +364,42 @@ def test_named_conversations_are_restored_round_robin_and_in_flight(model, api, 
             assert turn.headers["X-KV-Cache"] in ("restored", "slot"), ((u, t), turn.headers)
             assert turn.evaluated <= added + SLACK[model], ((u, t), turn.evaluated, added, turn.headers["X-KV-Cache"])
         print(f"  in flight: {[(k, v[0].headers['X-KV-Cache']) for k, v in sorted(results.items())]}")
+
+
+def test_embeddings_and_reranking_are_refused_and_leave_a_kept_state_alone(tmp_path):
+    """A llama-server started with --embeddings computes an embedding in a slot it picks itself (no id_slot there),
+    evaluating from scratch over the state kept in it. Through kvstore every embedding and reranking path is a 501
+    that says why, and the named state's next turn evaluates only its new tokens."""
+    from kvstore.config import sync_dir
+    from kvstore.engine import EmbeddedServer, EngineConfig, wait_healthy
+    from kvstore.models import smollm2_path
+
+    store = tmp_path / "store"
+    cfg = EngineConfig(model=str(smollm2_path()), parallel=1, ctx_size=1024, cache_ram=0,
+                       slot_save_path=str(sync_dir(store)), extra={"embedding": True})
+    srv = EmbeddedServer(cfg)
+    wait_healthy(srv.url)
+    with stack(srv, hooks(srv.url, store)) as (_, h):
+        prompt = intro(0) + "User: " + QUESTIONS[0] + "\nAssistant:"
+        first = complete(h.url, prompt, name="alice")
+        bodies = {"/embedding": {"content": "A sentence."}, "/embeddings": {"content": "A sentence."},
+                  "/v1/embeddings": {"input": "A sentence.", "encoding_format": "float"},
+                  "/rerank": {"query": "q", "documents": ["a", "b"]}, "/reranking": {"query": "q", "documents": ["a"]},
+                  "/v1/rerank": {"query": "q", "documents": ["a"]}, "/v1/reranking": {"query": "q", "documents": ["a"]}}
+        for path, body in bodies.items():
+            r = post(h.url, path, body)
+            assert r.status == 501 and r.json["error"]["type"] == "not_supported_error", (path, r.body[:300])
+            assert "slot it picks itself" in r.json["error"]["message"], r.json
+        follow = prompt + first.json["content"] + "\nUser: " + QUESTIONS[1] + "\nAssistant:"
+        again = complete(h.url, follow, name="alice")
+        added = len(post(srv.url, "/tokenize", {"content": follow}).json["tokens"]) - first.json["tokens_evaluated"]
+        assert again.kind == "slot" and again.prompt_n <= added + 2, (again.kind, again.prompt_n, added)
+        # What one embedding would have done: llama-server runs it (in the one slot, the one alice's turns are in)
+        # and her next turn, the slot's cells gone, evaluates in full.
+        assert post(srv.url, "/embedding", {"content": "A sentence."}).status == 200
+        last = follow + again.json["content"] + "\nUser: " + QUESTIONS[2] + "\nAssistant:"
+        assert complete(h.url, last, name="alice").prompt_n == len(post(srv.url, "/tokenize", {"content": last}
+                                                                         ).json["tokens"])
 
 
 # ---- the reply translation alone (a unit of logic: chat chunks in, Messages events out) ---------------------------
