@@ -28,13 +28,11 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 _STAMP_LEN = 5
 DEFAULT_MAX_TOKENS = 4096  # llama-server's, when a body leaves out `max_tokens` (Anthropic requires it)
 DEFAULT_THINKING_BUDGET = 10000
+_PASSED = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs")  # as they are; the rest is dropped
 
 
 class NotConvertible(ValueError):
     """A Messages body with no conversation to convert: the message says what is wrong."""
-
-
-_PASSED = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs")
 
 
 def _compact(doc: Any) -> str:
@@ -99,6 +97,7 @@ def _message(msg: dict) -> list[dict]:
     """The chat messages of one Messages message: blocks to parts, tool uses to tool calls, tool results to tool
     messages after it, thinking to `reasoning_content`."""
     role, content = msg.get("role"), msg.get("content")
+    role = role if isinstance(role, str) else ""  # as llama-server reads it
     if "content" not in msg:
         return [] if role == "assistant" else [msg]
     if not isinstance(content, list):
