@@ -249,6 +249,11 @@ class Handlers:
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         return await self.h.wired.up.forward(request, request.path)
 
+    async def lora_scales(self, request: web.Request) -> web.StreamResponse:
+        raise NotSupported(f"POST {request.path} is not served through kvstore: changing the adapters' scales at run "
+                           "time would change what every kept state was evaluated with, unseen by the states' "
+                           "fingerprint; restart llama-server with the adapters (--lora) at the scales it should apply")
+
     async def slot_clobbering(self, request: web.Request) -> web.StreamResponse:
         raise NotSupported(f"POST {request.path} is not served through kvstore: llama-server computes embeddings and "
                            "rerankings in a slot it picks itself, discarding the state kept there; send them to a "

@@ -29,6 +29,9 @@ SLOT_ONLY_PATHS = ("/infill",)  # evaluate in a slot, but never named
 # Embeddings and reranking: llama-server runs them in a slot it picks itself (it ignores id_slot there) and
 # evaluates from scratch, discarding that slot's cells (measured: a resident state lost), so they are refused, with
 # why. (A llama-server without --embeddings / --reranking refuses them too.)
+# llama-server's run-time adapter scales: a change would alter what every kept state's cells were evaluated with,
+# unseen by the fingerprint (taken from the adapters at start-up). Read-only GET is forwarded.
+LORA_PATH = "/lora-adapters"
 SLOT_CLOBBERING_PATHS = ("/embedding", "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank",
                          "/v1/reranking")
 HEALTH_PATHS = ("/health", "/v1/health")  # open; until llama-server is ready, a 503 saying why
@@ -63,6 +66,8 @@ ROUTES: tuple[Route, ...] = (
     # Forwarded to llama-server as they are (no slot, no state): read-only facts and stateless computations.
     *(Route("GET", p, "passthrough", open=True) for p in HEALTH_PATHS),
     Route("GET", "/props", "passthrough"),
+    Route("GET", LORA_PATH, "passthrough"),
+    Route("POST", LORA_PATH, "lora_scales"),
     Route("GET", "/v1/models", "passthrough", open=True),
     Route("GET", "/models", "passthrough", open=True),
     Route("GET", "/slots", "passthrough", admin=True),

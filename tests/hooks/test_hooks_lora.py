@@ -6,7 +6,7 @@ from kvstore.config import sync_dir
 from kvstore.engine import EmbeddedServer, EngineConfig, wait_healthy
 from kvstore.models import smollm2_path
 
-from hooks_support import complete, engine, hooks, intro, post, stack
+from hooks_support import complete, engine, get, hooks, intro, post, stack
 from tinymodels import write_tiny_lora
 
 
@@ -27,6 +27,11 @@ def test_states_are_bound_to_the_servers_adapters(tmp_path):
         first = complete(h.url, prompt, name="ada", n_predict=6)
         refused = post(h.url, "/completion", {"prompt": prompt, "n_predict": 2, "lora": [{"id": 0, "scale": 0.0}]})
         assert refused.status == 400 and "lora" in refused.json["error"]["message"], refused.body[:300]
+        # The adapters can be read through kvstore, not rescaled at run time (the fingerprint is taken at start-up).
+        adapters = post(h.url, "/lora-adapters", [{"id": 0, "scale": 0.0}])
+        assert adapters.status == 501 and "--lora" in adapters.json["error"]["message"], adapters.body[:300]
+        shown = get(h.url, "/lora-adapters")
+        assert shown.status == 200 and [a["scale"] for a in shown.json] == [1.0], shown.body[:300]
         h.run(h.hooks.wired.table.save_all())
     plain = engine("smollm2", store)  # the same model and store, no adapter
     with stack(plain, hooks(plain.url, store)) as (_, h):
