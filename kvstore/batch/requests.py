@@ -31,6 +31,7 @@ class Line:
     custom_id: Optional[str] = None
     url: str = ""
     error: Optional[str] = None  # why the line cannot run (then it is answered with this error)
+    anthropic: bool = False  # a line of Anthropic's Message Batches: answered with Anthropic's result line
 
     @property
     def chat(self) -> bool:
@@ -99,6 +100,7 @@ def read(path: Path) -> Iterator[Line]:
                 continue
             if isinstance(doc, dict) and isinstance(doc.get("custom_id"), str):
                 line.custom_id = doc["custom_id"]
+            line.anthropic = isinstance(doc, dict) and _body_key(doc) == PARAMS
             line.error = problem(doc)
             if line.error is None:
                 line.url = url_of(doc)

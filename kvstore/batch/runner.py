@@ -183,7 +183,7 @@ class Batch:
         for line in rq.read(self.cfg.input):
             self.s.requests += 1
             if line.error is not None:
-                self.fail(line.custom_id, "invalid_request", line.error)
+                self.fail(line, "invalid_request", line.error)
             elif line.custom_id in self.out.done:
                 self.s.skipped += 1
             else:
@@ -201,7 +201,7 @@ class Batch:
                 try:
                     return await self.client.tokens(line, rq.body_of(self.cfg.input, line))
                 except RuntimeError as e:  # the server refused this prompt (a template error, say)
-                    self.fail(line.custom_id, "tokenize_failed", str(e))
+                    self.fail(line, "tokenize_failed", str(e))
                     return None
 
         for line, tokens in zip(lines, await asyncio.gather(*(one(x) for x in lines))):
@@ -209,9 +209,9 @@ class Batch:
                 planner.add(tokens)
                 self.lines.append(line)
 
-    def fail(self, custom_id: Optional[str], code: str, message: str) -> None:
+    def fail(self, line: rq.Line, code: str, message: str) -> None:
         self.s.errors += 1
-        self.out.write(record(custom_id, error=(code, message)))
+        self.out.write(record(line.custom_id, error=(code, message), anthropic=line.anthropic))
 
     # ---- priming ---------------------------------------------------------------------------------------------
     async def primed(self, prefix: Prefix) -> Optional[str]:
@@ -261,9 +261,9 @@ class Batch:
         try:
             status, doc, headers = await self.client.send("POST", line.url, body)
         except ConnectionError as e:
-            self.fail(line.custom_id, "connection_error", str(e))
+            self.fail(line, "connection_error", str(e))
         else:
-            self.out.write(record(line.custom_id, status=status, body=doc))
+            self.out.write(record(line.custom_id, status=status, body=doc, anthropic=line.anthropic))
             if status == 200:
                 self.s.answered += 1
                 timings = llama.timings_of(doc) or {}  # a Responses or Messages reply: from its usage

@@ -58,9 +58,20 @@ def write_batch(path: Path, order: str, *, name_by_article=True, n_predict=4, se
 
 
 def check_output(path: Path, ids: set) -> list[dict]:
-    """The documented schema (OpenAI's batch output): one line per request, every id once."""
+    """The documented schema (OpenAI's batch output; Anthropic's result lines for its Message Batches lines): one
+    line per request, every id once."""
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     for d in lines:
+        if "result" in d:
+            assert set(d) == {"custom_id", "result"}, d
+            result = d["result"]
+            assert result["type"] in ("succeeded", "errored"), result
+            if result["type"] == "succeeded":
+                assert set(result) == {"type", "message"} and result["message"]["type"] == "message", result
+            else:
+                assert set(result["error"]) == {"type", "error"} and set(result["error"]["error"]) == {
+                    "type", "message"}, result
+            continue
         assert set(d) == {"id", "custom_id", "response", "error"}, d
         assert d["id"].startswith("batch_req_")
         if d["error"] is None:
@@ -68,7 +79,8 @@ def check_output(path: Path, ids: set) -> list[dict]:
             assert set(r) == {"status_code", "request_id", "body"} and isinstance(r["status_code"], int), r
         else:
             assert d["response"] is None and set(d["error"]) == {"code", "message"}
-    answered = [d["custom_id"] for d in lines if d["error"] is None]
+    answered = [d["custom_id"] for d in lines if d.get("error") is None and d.get("result", {}).get("type") in (
+        None, "succeeded")]
     assert sorted(answered) == sorted(ids), "every request answered exactly once"
     return lines
 
@@ -96,8 +108,11 @@ def test_articles_by_name_in_any_order_evaluate_each_article_once(kvserve, tmp_p
     r = kv_batch(inp, "-o", out, "--server", url, "--concurrency", concurrency, "--summary", summary, "-q")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = check_output(out, {q["custom_id"] for q in reqs})
-    text = "output" if api == "responses" else "content"  # (a Messages reply's is a list of blocks)
-    assert all(d["response"]["status_code"] == 200 and d["response"]["body"][text] is not None for d in lines)
+    if api == "messages":  # Anthropic's result lines
+        assert all(d["result"]["message"]["content"][0]["type"] == "text" for d in lines), lines[:2]
+    else:
+        text = "output" if api == "responses" else "content"
+        assert all(d["response"]["status_code"] == 200 and d["response"]["body"][text] is not None for d in lines)
     s = json.loads(summary.read_text())
     assert s["requests"] == s["answered"] == len(reqs) and s["errors"] == 0
     # A Responses or Messages prompt is the chat template around the text: its head (shared by every request) may be
@@ -167,19 +182,24 @@ def test_bad_lines_are_answered_with_errors_and_the_batch_goes_on(tmp_path, smol
     r = kv_batch(inp, "-o", out, "--server", h.url, "-q")
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     docs = [json.loads(x) for x in out.read_text().splitlines()]
-    errors = {d["error"]["message"] for d in docs if d["error"]}
+    errors = {d["error"]["message"] for d in docs if d.get("error")}
+    errored = {d["custom_id"]: d["result"]["error"]["error"] for d in docs
+               if d.get("result", {}).get("type") == "errored"}
     assert any("line 2 is not JSON" in m for m in errors), errors
     assert any("line 3: missing `custom_id`" in m for m in errors), errors
     assert any("line 4: unknown `url` '/v1/embeddings'" in m for m in errors), errors
     assert any("line 5: duplicate custom_id 'ok'" in m for m in errors), errors
     assert any("line 6: `prompt` must be one string" in m for m in errors), errors
     assert any("line 8: a Responses request needs `input`" in m for m in errors), errors
-    assert any("line 11: a chat or Messages request needs `messages`" in m for m in errors), errors
-    assert any("line 12: `params` must be a JSON object" in m for m in errors), errors
-    ok = {d["custom_id"]: d["response"] for d in docs if d["error"] is None}
-    assert set(ok) == {"ok", "chat", "resp", "anthropic"} and all(v["status_code"] == 200 for v in ok.values())
+    # Anthropic's Message Batches lines are answered in Anthropic's result format, errors with its error types.
+    assert errored["no-messages"]["type"] == "invalid_request_error", errored
+    assert "line 11: a chat or Messages request needs `messages`" in errored["no-messages"]["message"], errored
+    assert "line 12: `params` must be a JSON object" in errored["no-params"]["message"], errored
+    ok = {d["custom_id"]: d["response"] for d in docs if "response" in d and d["error"] is None}
+    assert set(ok) == {"ok", "chat", "resp"} and all(v["status_code"] == 200 for v in ok.values())
     assert ok["resp"]["body"]["object"] == "response"
-    assert ok["anthropic"]["body"]["type"] == "message" and ok["anthropic"]["body"]["content"][0]["type"] == "text"
+    succeeded = [d["result"]["message"] for d in docs if d.get("result", {}).get("type") == "succeeded"]
+    assert [m["content"][0]["type"] for m in succeeded] == ["text"], succeeded
     assert ok["chat"]["body"]["choices"][0]["message"]["role"] == "assistant"
     # Nothing listening: nothing could run, exit 2 with one line.
     r = kv_batch(inp, "-o", tmp_path / "o2.jsonl", "--server", "http://127.0.0.1:9", "-q")

@@ -22,6 +22,29 @@ def test_resume_keeps_answers_once_and_drops_errors_and_a_torn_line(tmp_path):
     assert not list(tmp_path.glob(".*.tmp")), "the rewrite left no temp file"
 
 
+def test_anthropic_result_lines_resume_as_openai_lines_do(tmp_path):
+    """Lines of Anthropic's Message Batches input are answered with Anthropic's result lines: a reply with status
+    200 `succeeded` (kept on resume), a server's error or kvstore's own `errored` with Anthropic's error types
+    (sent again)."""
+    path = tmp_path / "out.jsonl"
+    ok = record("a", status=200, body={"type": "message", "content": []}, anthropic=True)
+    assert ok == {"custom_id": "a", "result": {"type": "succeeded", "message": {"type": "message", "content": []}}}
+    refused = record("b", status=400, body={"error": {"code": 400, "message": "too long"}}, anthropic=True)
+    assert refused["result"] == {"type": "errored", "error": {
+        "type": "error", "error": {"type": "invalid_request_error", "message": "too long"}}}
+    down = record("c", error=("connection_error", "refused"), anthropic=True)
+    assert down["result"]["error"]["error"] == {"type": "api_error", "message": "refused"}
+    busy = record("d", status=503, body="upstream busy", anthropic=True)
+    assert busy["result"]["error"]["error"] == {"type": "api_error", "message": "upstream busy"}
+    path.write_text("".join(json.dumps(x) + "\n" for x in (ok, refused, down, busy)))
+    out = Output.open(path)
+    assert out.done == {"a"}
+    out.write(record("b", status=200, body={"type": "message"}, anthropic=True))
+    out.close()
+    assert [json.loads(x)["custom_id"] for x in path.read_text().splitlines()] == ["a", "b"]
+    assert Output.open(path).done == {"a", "b"}
+
+
 def test_a_new_output_file_is_created(tmp_path):
     out = Output.open(tmp_path / "new.jsonl")
     assert out.done == set()
