@@ -29,11 +29,11 @@ SLOT_ONLY_PATHS = ("/infill",)  # evaluate in a slot, but never named
 # Embeddings and reranking: llama-server runs them in a slot it picks itself (it ignores id_slot there) and
 # evaluates from scratch, discarding that slot's cells (measured: a resident state lost), so they are refused, with
 # why. (A llama-server without --embeddings / --reranking refuses them too.)
-# llama-server's run-time adapter scales: a change would alter what every kept state's cells were evaluated with,
-# unseen by the fingerprint (taken from the adapters at start-up). Read-only GET is forwarded.
-LORA_PATH = "/lora-adapters"
 SLOT_CLOBBERING_PATHS = ("/embedding", "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank",
                          "/v1/reranking")
+# llama-server's run-time adapter scales: a change would alter what every kept state's cells were evaluated with,
+# unseen by the fingerprint (taken from the adapters at start-up): POST refused, with why; GET forwarded.
+LORA_PATH = "/lora-adapters"
 HEALTH_PATHS = ("/health", "/v1/health")  # open; until llama-server is ready, a 503 saying why
 
 _NAME = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})+"
