@@ -6,9 +6,10 @@ module only says how it should choose.
 
 * **Key.** A request is hashed on its state's name, read as `kvstore serve` reads it (`naming.py`, the one source
   of the field names): the body's `cache_prompt_name`, else the `X-KV-Name` header, else (with `--name-from-user`)
-  the body's `user`; `/kvstore/states/{name}` on its path. An unnamed request is hashed on the head of its prompt
-  (`prompt`, else the first chat message, else a Responses `input`'s or its `instructions`, else the raw body's
-  first bytes), so questions about one article meet where the article already is; above that, OpenAI's
+  the body's `user`, else its `metadata.user_id` (Anthropic's); `/kvstore/states/{name}` on its path. An unnamed
+  request is hashed on the head of its prompt (`prompt`, else the first chat message, else a Responses `input`'s or
+  its `instructions`, else a Messages `system` string, else the raw body's first bytes), so questions about one
+  article meet where the article already is; above that, OpenAI's
   `prompt_cache_key` (its own routing hint for a prompt cache). No key at all (a GET, a token-list prompt): round
   robin.
 * **Bounded load.** `hash-type consistent` (a dead server's keys move, nobody else's) with `hash-balance-factor`:
@@ -35,7 +36,7 @@ from urllib.parse import urlsplit
 
 from kvstore.llama import HEALTH
 
-from .naming import NAME_FIELD, NAME_HEADER, USER_FIELD
+from .naming import METADATA_FIELD, METADATA_USER_KEY, NAME_FIELD, NAME_HEADER, USER_FIELD
 
 BALANCES = ("name", "roundrobin")
 STATES_PATH = "/kvstore/states/"  # /kvstore/states/{name}: the name is the path's 4th field
@@ -46,7 +47,7 @@ SERVER_HEADER = "X-KV-Server"
 # Anthropic's Messages API (its first message, then a `system` string, which comes first).
 PROMPT_PATHS = ("$.prompt", "$.messages[0].content", "$.input", "$.input[0].content", "$.instructions", "$.system")
 # The Messages API's end-user id: the name with --name-from-user, as `user` is on OpenAI's APIs.
-MESSAGES_USER_PATH = "$.metadata.user_id"
+MESSAGES_USER_PATH = f"$.{METADATA_FIELD}.{METADATA_USER_KEY}"
 # OpenAI's routing hint for its prompt cache (chat and Responses APIs): requests that give the same key are meant to
 # meet the same cache; above the prompt's head, below a name.
 CACHE_KEY_FIELD = "prompt_cache_key"
@@ -107,7 +108,7 @@ def _seconds(value: float) -> str:
 def _key_rules(cfg: BalancerConfig) -> list[str]:
     """`http-request set-var` lines, lowest priority first: a later rule whose sample exists (and is not empty)
     overrides the key an earlier one set."""
-    for f in (NAME_FIELD, USER_FIELD, CACHE_KEY_FIELD):
+    for f in (NAME_FIELD, USER_FIELD, CACHE_KEY_FIELD, METADATA_FIELD, METADATA_USER_KEY):
         assert _FIELD.fullmatch(f), f  # pasted into a JSON path below
     assert _HEADER.fullmatch(NAME_HEADER)
     n = cfg.head_bytes

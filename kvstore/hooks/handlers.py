@@ -57,8 +57,9 @@ class Handlers:
         _refuse_unservable(body)
         chat = path in CHAT_PATHS
         nameable = path not in SLOT_ONLY_PATHS
-        naming = nm.naming_of(request.headers, _naming_fields(body, path) if nameable else {},
-                              namespace=caller(request).namespace, name_from_user=h.cfg.name_from_user)
+        named_by = nm.with_messages_user(body) if path in MESSAGES_PATHS else body
+        naming = nm.naming_of(request.headers, named_by if nameable else {}, namespace=caller(request).namespace,
+                              name_from_user=h.cfg.name_from_user)
         asked = bd.ask_of(request.headers, body if nameable else {})
         nm.strip_fields(body)
         bd.strip_fields(body)
@@ -258,16 +259,6 @@ class Handlers:
         raise NotSupported(f"POST {request.path} is not served through kvstore: llama-server computes embeddings and "
                            "rerankings in a slot it picks itself, discarding the state kept there; send them to a "
                            "llama-server of their own (started with --embeddings or --reranking)")
-
-
-def _naming_fields(body: dict, path: str) -> dict:
-    """The fields a name is read from: the body's; on the Messages API its `metadata.user_id` is the `user` (a
-    `user` of the body's own wins, as in the balancer's rules)."""
-    metadata = body.get("metadata")
-    if path in MESSAGES_PATHS and nm.USER_FIELD not in body and isinstance(metadata, dict) \
-            and metadata.get("user_id") is not None:
-        return {**body, nm.USER_FIELD: metadata["user_id"]}
-    return body
 
 
 def _refuse_unservable(body: dict) -> None:

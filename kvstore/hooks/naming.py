@@ -1,4 +1,5 @@
-"""Names, namespaces and parents from a request: body fields, headers, the OpenAI `user` field.
+"""Names, namespaces and parents from a request: body fields, headers, the end user's id (OpenAI's `user`,
+Anthropic's `metadata.user_id`).
 
 Contract: names are data, never paths: they are validated by the core and only ever used as store keys.
 """
@@ -18,6 +19,8 @@ NAME_HEADER = "X-KV-Name"
 PARENT_HEADER = "X-KV-Parent"
 NAMESPACE_HEADER = "X-KV-Namespace"
 USER_FIELD = "user"  # OpenAI's end-user id: the name with --name-from-user
+# Anthropic's Messages API: the end user's id is `metadata.user_id` (the same role as `user`).
+METADATA_FIELD, METADATA_USER_KEY = "metadata", "user_id"
 
 
 class BadName(BadRequest, ValueError):
@@ -72,6 +75,15 @@ def naming_of(headers: Mapping[str, str], body: Optional[Mapping[str, Any]], *, 
     if parent is not None:
         _validate(parent, "parent")
     return Naming(ns, name or None, parent or None)
+
+
+def with_messages_user(body: dict) -> dict:
+    """A Messages API body as `naming_of` reads it: its `metadata.user_id` as the `user` (a `user` of the body's own
+    wins, as in the balancer's rules)."""
+    metadata = body.get(METADATA_FIELD)
+    if USER_FIELD not in body and isinstance(metadata, dict) and metadata.get(METADATA_USER_KEY) is not None:
+        return {**body, USER_FIELD: metadata[METADATA_USER_KEY]}
+    return body
 
 
 def strip_fields(body: dict) -> dict:
