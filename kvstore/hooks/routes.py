@@ -67,16 +67,17 @@ ROUTES: tuple[Route, ...] = (
     *(Route("GET", p, "passthrough", open=True) for p in HEALTH_PATHS),
     Route("GET", "/props", "passthrough"),
     Route("GET", LORA_PATH, "passthrough"),
-    Route("POST", LORA_PATH, "lora_scales"),
     Route("GET", "/v1/models", "passthrough", open=True),
     Route("GET", "/models", "passthrough", open=True),
     Route("GET", "/slots", "passthrough", admin=True),
     *(Route("POST", p, "passthrough") for p in ("/tokenize", "/detokenize", "/apply-template")),
-    *(Route("POST", p, "slot_clobbering") for p in SLOT_CLOBBERING_PATHS),
     # Token counts: the prompt is rendered and tokenized on llama-server's HTTP thread, no slot is touched.
     *(Route("POST", p, "passthrough") for p in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens",
                                                 "/responses/input_tokens", "/v1/responses/input_tokens",
                                                 "/v1/messages/count_tokens")),
+    # llama-server's, but not served: each would spoil a kept state (501 with the reason).
+    Route("POST", LORA_PATH, "lora_scales"),
+    *(Route("POST", p, "slot_clobbering") for p in SLOT_CLOBBERING_PATHS),
 )
 
 EXACT: dict[str, frozenset[str]] = {m: frozenset(r.path for r in ROUTES if r.method == m and r.raw is None)
