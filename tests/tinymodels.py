@@ -187,6 +187,7 @@ def tiny_model_path(arch: str, directory: Path) -> Path:
         write_tiny_model(arch, path, smollm2_path())
     return path
 
+
 def write_tiny_lora(path: Path, base: Path, seed: int = SEED, rank: int = 2, layers: int = 4) -> Path:
     """A seeded LoRA adapter for the GGUF `base` (a llama-architecture model: SmolLM2), written with the `gguf`
     writer as llama.cpp's convert_lora_to_gguf.py lays one out: `adapter.type` lora, `adapter.lora.alpha`, and
