@@ -363,8 +363,10 @@ class Broker:
             slot = lease.slot
             try:
                 r = await self.up.completion(prompt, n_predict=0, id_slot=slot.id, cache_prompt=True, temperature=0)
-            except UpstreamReply:
-                raise  # refused (a prompt over the context): nothing evaluated, the slot keeps what it held
+            except UpstreamReply as e:
+                if 400 <= e.status < 500:  # refused (a prompt over the context): nothing evaluated
+                    self.table.refused(lease)
+                raise
             except BaseException:
                 self.table.evaluated(slot)  # cut off mid-evaluation: the slot holds a prefix of this prompt
                 raise

@@ -20,7 +20,7 @@ from .broker import Once
 from .errors import BadRequest, NotSupported, remote_unavailable
 from .metrics import Metrics, timings_from_sse_tail
 from .auth import Caller
-from .routes import CHAT_PATHS, MESSAGES_PATHS, RESPONSES_PATHS, SLOT_ONLY_PATHS, caller
+from .routes import CHAT_PATHS, COMPLETION_PATHS, MESSAGES_PATHS, RESPONSES_PATHS, SLOT_ONLY_PATHS, caller
 from .upstream import CUT
 from .wiring import HooksConfig, Wired
 
@@ -55,6 +55,7 @@ class Handlers:
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         _refuse_unservable(body)
+        _require_prompt(path, body)
         chat = path in CHAT_PATHS
         nameable = path not in SLOT_ONLY_PATHS
         named_by = nm.with_messages_user(body) if path in MESSAGES_PATHS else body
@@ -100,8 +101,11 @@ class Handlers:
             finally:
                 # A request llama-server refused (an error status: a prompt over the context, a bad field) evaluated
                 # nothing: the slot keeps what it held, unmarked. Marked, a slot given to this name with another
-                # name's content in it (saved, reused in place) would be saved under this name.
-                if seen.started and (status is None or status < 400):
+                # name's content in it (saved, reused in place) would be saved under this name. A 4xx also gives
+                # the slot back its label when nothing was loaded into it: a bad request displaces no one.
+                if status is not None and 400 <= status < 500:
+                    w.table.refused(lease)
+                elif seen.started and (status is None or status < 400):
                     w.table.evaluated(slot, tokens_fn.value or [])
                     # Let the restart watch see this task's id soon: a restart right after it is then noticed.
                     h.check_upstream_soon()
@@ -259,6 +263,15 @@ class Handlers:
         raise NotSupported(f"POST {request.path} is not served through kvstore: llama-server computes embeddings and "
                            "rerankings in a slot it picks itself, discarding the state kept there; send them to a "
                            "llama-server of their own (started with --embeddings or --reranking)")
+
+
+def _require_prompt(path: str, body: dict) -> None:
+    """What llama-server refuses at once, before a slot is taken for it: no prompt (a completion), no list of
+    messages (a chat). Such a request would otherwise wait in the queue for a slot, only to be refused there."""
+    if path in COMPLETION_PATHS and "prompt" not in body:
+        raise BadRequest("`prompt` is required: a string, a list of token ids, or a list of those")
+    if path in CHAT_PATHS and not isinstance(body.get("messages"), list):
+        raise BadRequest("`messages` is required: a list of {role, content} messages")
 
 
 def _refuse_unservable(body: dict) -> None:

@@ -33,6 +33,9 @@ class Slot:
     # the same namespace may share with it before it is evaluated (SlotTable: no prefix evaluated twice at once).
     inflight: list[int] = field(default_factory=list)
     inflight_namespace: Optional[str] = None
+    # Bumped whenever llama-server's content of the slot changes or is lost (an evaluation, a restore, an erase, a
+    # failure): a lease that finds it unchanged knows the slot still holds what it held when the lease began.
+    version: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
@@ -58,6 +61,7 @@ class Slot:
 
     def clear(self) -> None:
         """The slot's KV is gone (erase, failed restore): keep the label, forget the content."""
+        self.version += 1
         self.tokens = []
         self.dirty = False
         self.owner = None
@@ -102,6 +106,8 @@ class SlotEvents(Protocol):
 
     def cleared(self, slot: Slot) -> None: ...
 
+    def loaded(self, slot: Slot) -> None: ...
+
 
 @dataclass
 class Lease:
@@ -112,6 +118,10 @@ class Lease:
     parent_resident: bool = False  # the slot holds the requested parent (used in place)
     lcp: int = 0  # tokens the slot's content shares with the request's prompt (reused in place)
     decision: Optional[Decision] = None  # restore or recompute (hooks/cost.py), once a restore was weighed
+    # What the slot held when `acquire` relabelled it for this lease ((namespace, name, parent, tokens); None: not
+    # relabelled), and its `version` then: `SlotTable.refused` puts the label back if the content is unchanged.
+    before: Optional[tuple[str, Optional[str], Optional[str], list[int]]] = None
+    version: int = -1
     table: Optional[SlotEvents] = field(default=None, repr=False)  # set by acquire: the table that leased it
     _tasks: list = field(default_factory=list, repr=False)
 

@@ -229,6 +229,8 @@ class SlotTable:
             break
         try:
             if relabel and not lease.resident:
+                lease.before = (slot.namespace, slot.name, slot.parent, list(slot.tokens))
+                lease.version = slot.version  # an erase below, a restore later: the content changed
                 if slot.owner is not None and slot.owner != namespace:
                     # Tenants never share KV cells: llama-server would reuse a common prefix (cache_n: a side channel).
                     if self._erase is not None:
@@ -321,6 +323,7 @@ class SlotTable:
 
     def evaluated(self, slot: Slot, tokens: Optional[Sequence[int]] = None) -> None:
         """llama-server evaluated a request in the slot: its content changed (dirty if named), now `tokens`."""
+        slot.version += 1
         self.touch(slot)
         if tokens is not None:
             slot.tokens = list(tokens)
@@ -333,8 +336,26 @@ class SlotTable:
                     other.hold(None)
                     other.namespace = slot.namespace
 
+    def loaded(self, slot: Slot) -> None:
+        """llama-server loaded a stored state into the slot (the caller labelled it and knows its tokens)."""
+        slot.version += 1
+
+    def refused(self, lease: Lease) -> None:
+        """llama-server refused the lease's request (a 4xx: a field of the wrong type, a prompt over the context)
+        and evaluated nothing. If nothing was loaded into the slot either, it still holds what it held before the
+        lease: its label, parent and tokens come back, so that a bad request displaces no one (the state it
+        displaced was saved, and stays usable in place). Not when that name was loaded into another slot since."""
+        slot, before = lease.slot, lease.before
+        if before is None or slot.version != lease.version:
+            return
+        namespace, name, parent, tokens = before
+        if name is not None and any(s is not slot and s.key == (namespace, name) for s in self.slots):
+            return
+        slot.namespace, slot.name, slot.parent, slot.tokens = namespace, name, parent, tokens
+
     def restored(self, slot: Slot) -> None:
         """A raw restore loaded a stored state: clean, tokens unknown."""
+        slot.version += 1
         slot.tokens = []
         slot.dirty = False
         self.touch(slot)

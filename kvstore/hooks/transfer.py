@@ -269,6 +269,7 @@ class Transfer:
             except UpstreamError:
                 lease.table.cleared(lease.slot)
                 raise
+        lease.table.loaded(lease.slot)
         n = int(r.get("n_restored") or 0)
         now = time.perf_counter()
         self.metrics.timed("restore", now - t0)

@@ -2,6 +2,8 @@
 succeeds, the failure is counted), upstream down (502)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import kvstore
@@ -149,3 +151,51 @@ def test_several_completions_per_request_are_refused_and_other_slots_keep_their_
         again = complete(u, intro(0) + QUESTIONS[0] + first.json["content"] + QUESTIONS[1], name="alice",
                          n_predict=4)
         assert again.kind == "slot" and again.json["timings"]["cache_n"] >= first.prompt_n - 1, again.json["timings"]
+
+
+SLACK = {"smollm2": 0, "gemma3": 8}  # as in tests/hooks/test_hooks_client_apis.py
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_bad_requests_displace_no_one(model, tmp_path):
+    """Two slots hold alice's and bob's unsaved turns. Bad requests, unnamed and named, that llama-server refuses (a
+    field of the wrong type, a prompt that is no prompt) take a slot and evaluate nothing; requests without a prompt
+    or messages are refused before they take one. Afterwards both users still continue in place: a bad request
+    displaced no one (its slot's state was saved on the way, and is still resident under its name)."""
+    store = tmp_path / "store"
+    srv = engine(model, store, parallel=2)
+    with stack(srv, hooks(srv.url, store)) as (_, h):
+        u, table = h.url, h.hooks.wired.table
+        users = {"alice": intro(0) + QUESTIONS[0], "bob": intro(1) + QUESTIONS[0]}
+        replies = {n: complete(u, p, name=n, n_predict=4) for n, p in users.items()}
+        def labels() -> dict:
+            """The slots' labels once every lease has ended (a reply reaches the client before its lease ends)."""
+            deadline = time.monotonic() + 30
+            while any(s.busy for s in table.slots):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            return {s.id: s.name for s in table.slots}
+
+        held = labels()
+        assert sorted(held.values()) == ["alice", "bob"], held
+        refused_upstream = [  # reach llama-server, in a slot kvstore leases (and the displaced state is saved)
+            {"prompt": "Hello", "n_predict": 2, "temperature": "hot"},
+            {"prompt": 5, "n_predict": 2},
+            {"prompt": "Hello", "n_predict": "many", "cache_prompt_name": "carol"},  # a name with nothing stored
+        ]
+        for body in refused_upstream:
+            r = post(u, "/completion", body)
+            assert r.status == 400 and r.json["error"]["message"], (body, r.status, r.body[:300])
+            assert labels() == held, (body, [s.as_dict() for s in table.slots])
+        for path, body, says in [("/completion", {"n_predict": 2, "cache_prompt_name": "carol"}, "`prompt`"),
+                                 ("/v1/chat/completions", {"max_tokens": 2}, "`messages`"),
+                                 ("/v1/chat/completions", {"messages": "Hello"}, "`messages`")]:
+            r = post(u, path, body)
+            assert r.status == 400 and says in r.json["error"]["message"], (path, body, r.status, r.body[:300])
+        assert labels() == held
+        assert get(u, "/kvstore/states/carol").status == 404
+        for n, p in users.items():
+            r = complete(u, p + replies[n].json["content"] + QUESTIONS[1], name=n, n_predict=2)
+            assert r.kind == "slot", (n, r.kind, r.headers.get("X-KV-Slot"))
+            # reused up to the end of the first prompt (Gemma 3: from its newest checkpoint, a few tokens before)
+            assert r.json["timings"]["cache_n"] >= replies[n].prompt_n - SLACK[model], r.json["timings"]
