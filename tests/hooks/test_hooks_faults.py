@@ -152,30 +152,45 @@ def test_stalled_upstream_is_504_in_seconds_then_503_and_recovers(tmp_path):
         assert get(hk.url, "/kvstore/stats").json["counters"].get("upstream_restarts", 0) == 0
 
 
-def test_a_stream_started_before_a_stall_is_cut(tmp_path):
+# A long reply, streamed: llama-server's own completion, and Anthropic's Messages API (which the hooks translate
+# from a chat completion chunk by chunk).
+LONG_STREAMS = {
+    "/completion": {"prompt": intro(4), "n_predict": 1000, "ignore_eos": True, "stream": True, "temperature": 0},
+    "/v1/messages": {"model": "m", "max_tokens": 1000, "stream": True, "temperature": 0, "messages": [
+        {"role": "user", "content": intro(4) + "Count from 1 to 1000 in words, separated by commas."}]},
+}
+
+
+@pytest.mark.parametrize("path", LONG_STREAMS)
+def test_a_stream_started_before_a_stall_is_cut(path, tmp_path):
     """A streamed reply under way when llama-server is SIGSTOPped: the connection is closed within the stall
-    timeout (the idle timeout stays at 120 s), the slot is released and no longer claims the name."""
+    timeout (the idle timeout stays at 120 s), the slot is released and no longer claims the name. A Messages
+    stream so cut ends without `message_stop`: an Anthropic client sees it incomplete."""
     store = tmp_path / "store"
     up = External(store, tmp_path / "llama.log")
     with stack(up), hooks(up.url, store, upstream_stall_timeout=3) as hk:
         host, port = hk.url.split("//")[1].split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        received = b""
         try:
-            conn.request("POST", "/completion", body=json.dumps({
-                "prompt": intro(4), "n_predict": 1000, "ignore_eos": True, "stream": True, "temperature": 0,
-                "cache_prompt_name": "streamed"}), headers={"Content-Type": "application/json"})
+            conn.request("POST", path, body=json.dumps({**LONG_STREAMS[path], "cache_prompt_name": "streamed"}),
+                         headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             assert resp.status == 200
-            assert resp.fp.read1(64)  # the first chunk arrived
+            received = resp.fp.read1(64)
+            assert received  # the first chunk arrived
             up.stop()
             t0 = time.monotonic()
-            while resp.fp.read1(65536):  # what was under way, then the end: the hooks closed the connection
+            while chunk := resp.fp.read1(65536):  # what was under way, then the end: the hooks closed the connection
+                received += chunk
                 assert time.monotonic() - t0 < 30
             took = time.monotonic() - t0
         finally:
             up.cont()
             conn.close()
         assert took < 15, took
+        if path == "/v1/messages":
+            assert b"event: message_start" in received and b"message_stop" not in received, received[-300:]
         stats = get(hk.url, "/kvstore/stats").json
         assert stats["counters"].get("upstream_stalls") == 1, stats["counters"]
         assert not any(s["busy"] for s in stats["slots"]) and "streamed" not in slot_names(hk.url), stats["slots"]
