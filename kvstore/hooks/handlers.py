@@ -16,6 +16,7 @@ from kvstore.errors import StoreFull
 
 from . import bound as bd
 from . import naming as nm
+from . import several
 from .broker import Once
 from .errors import BadRequest, NotSupported, remote_unavailable
 from .metrics import Metrics, timings_from_sse_tail
@@ -62,6 +63,9 @@ class Handlers:
         naming = nm.naming_of(request.headers, named_by if nameable else {}, namespace=caller(request).namespace,
                               name_from_user=h.cfg.name_from_user)
         asked = bd.ask_of(request.headers, body if nameable else {})
+        if (path in COMPLETION_PATHS and naming.name is None and naming.parent is None and not body.get("stream")
+                and (each := several.prompts(body)) is not None):
+            return await several.serve(request, path, body, each, w.up.session)
         nm.strip_fields(body)
         bd.strip_fields(body)
         translate = None

@@ -49,3 +49,43 @@ def test_openai_chat_stream_named(tmp_path):
         assert r1.headers["X-KV-Name"] == "ada-r" and r2.headers["X-KV-Cache"] == "slot", dict(r2.headers)
         assert usage.input_tokens - usage.input_tokens_details.cached_tokens < 40, usage
     print(f"\nopenai stream: {t1!r} then {t2!r}; second turn evaluated {evaluated:.0f} tokens")
+
+
+def test_several_prompts_in_one_completion_run_in_flight_as_on_llama_server(tmp_path):
+    """One completion with several prompts (the openai client's `prompt=[...]`, a batch runner's list): llama-server
+    runs them in the slots it picks, in flight together; through kvstore each takes a slot as a request of its own
+    (X-KV-Slot lists them: both slots serve), where one request would hold one slot and run them one by one. The
+    replies are llama-server's own: the same texts in the prompts' order (usage summed over the prompts, as
+    OpenAI's API counts). A named or streamed request with several prompts stays one request; a list llama-server
+    cannot take is sent as it is, for llama-server to say why."""
+    from hooks_support import intro, post
+
+    store = tmp_path / "store"
+    srv = engine("smollm2", store)
+    prompts = [intro(i) + "Question: What is this person's job?\nAnswer:" for i in range(4)]
+    with stack(srv), hooks(srv.url, store) as hk:
+        base = {"prompt": prompts, "n_predict": 6, "temperature": 0}
+        native = post(hk.url, "/completion", base)
+        assert native.status == 200, native.body[:300]
+        slots = native.headers["X-KV-Slot"].split(",")
+        assert len(slots) == 4 and set(slots) == {"0", "1"}, slots
+        assert [r["index"] for r in native.json] == [0, 1, 2, 3]
+        client = OpenAI(base_url=hk.url + "/v1", api_key="unused", max_retries=0)
+        raw = client.completions.with_raw_response.create(model="m", prompt=prompts, max_tokens=6, temperature=0)
+        oai = raw.parse()
+        assert set(raw.headers["X-KV-Slot"].split(",")) == {"0", "1"}
+        assert [c.index for c in oai.choices] == [0, 1, 2, 3]
+        assert oai.usage.prompt_tokens == sum(r["tokens_evaluated"] for r in native.json)
+
+        one_request = [post(hk.url, "/completion", {**base, "cache_prompt_name": "batch"}),
+                       post(hk.url, "/completion", {**base, "stream": True})]
+        for r in one_request:
+            assert r.status == 200 and "," not in r.headers["X-KV-Slot"], r.headers
+        bad = post(hk.url, "/completion", {**base, "prompt": [["a", "b"], "c"]})
+        assert bad.status == 400 and "prompt" in bad.json["error"]["message"], bad.body[:300]
+
+        # llama-server's own answer to the same requests (its slots' content is no longer kvstore's concern here)
+        own = post(srv.url, "/completion", {**base, "cache_prompt": False})
+        assert [r["content"] for r in native.json] == [r["content"] for r in own.json]
+        own = post(srv.url, "/v1/completions", {**base, "max_tokens": 6, "cache_prompt": False})
+        assert [c.text for c in oai.choices] == [c["text"] for c in own.json["choices"]]

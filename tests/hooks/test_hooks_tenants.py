@@ -302,3 +302,17 @@ def test_a_clients_key_is_not_passed_to_llama_server():
     assert request_headers(sent, strip_keys=True) == {"Content-Type": "application/json",
                                                       "anthropic-version": "2023-06-01"}
     assert request_headers(sent)["X-Api-Key"] == "sk-a"  # single-tenant, no upstream key: as llama-server gets it
+
+
+def test_several_prompts_in_one_request_are_the_callers(env):
+    """A completion with several prompts is split into requests of the caller's own (its key goes with each): no key
+    is a 401 for the whole; tenant A's prompts run in both slots, in A's namespace, so that B's request of the same
+    prompt reuses none of A's cells."""
+    u = env["u"]
+    prompts = [_prompt(7), _prompt(8)]
+    r = post(u, "/completion", {"prompt": prompts, "n_predict": 1})
+    assert r.status == 401, r.body[:300]
+    r = post(u, "/completion", {"prompt": prompts, "n_predict": 1, "temperature": 0}, A)
+    assert r.status == 200 and len(r.json) == 2 and len(r.headers["X-KV-Slot"].split(",")) == 2, r.headers
+    r = complete(u, prompts[0], headers=B, n_predict=1)
+    assert r.json["timings"]["cache_n"] == 0, (r.headers["X-KV-Slot"], r.json["timings"])
