@@ -363,9 +363,8 @@ class Broker:
             slot = lease.slot
             try:
                 r = await self.up.completion(prompt, n_predict=0, id_slot=slot.id, cache_prompt=True, temperature=0)
-            except UpstreamReply as e:
-                if 400 <= e.status < 500:  # refused (a prompt over the context): nothing evaluated
-                    self.table.refused(lease)
+            except UpstreamReply:
+                self.table.refused(lease)  # refused (a prompt over the context): nothing evaluated
                 raise
             except BaseException:
                 self.table.evaluated(slot)  # cut off mid-evaluation: the slot holds a prefix of this prompt

@@ -105,9 +105,9 @@ class Handlers:
             finally:
                 # A request llama-server refused (an error status: a prompt over the context, a bad field) evaluated
                 # nothing: the slot keeps what it held, unmarked. Marked, a slot given to this name with another
-                # name's content in it (saved, reused in place) would be saved under this name. A 4xx also gives
-                # the slot back its label when nothing was loaded into it: a bad request displaces no one.
-                if status is not None and 400 <= status < 500:
+                # name's content in it (saved, reused in place) would be saved under this name. The slot also gets
+                # back its label when nothing was loaded into it: a bad request displaces no one.
+                if status is not None and status >= 400:
                     w.table.refused(lease)
                 elif seen.started and (status is None or status < 400):
                     w.table.evaluated(slot, tokens_fn.value or [])

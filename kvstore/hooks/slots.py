@@ -341,10 +341,13 @@ class SlotTable:
         slot.version += 1
 
     def refused(self, lease: Lease) -> None:
-        """llama-server refused the lease's request (a 4xx: a field of the wrong type, a prompt over the context)
-        and evaluated nothing. If nothing was loaded into the slot either, it still holds what it held before the
-        lease: its label, parent and tokens come back, so that a bad request displaces no one (the state it
-        displaced was saved, and stays usable in place). Not when that name was loaded into another slot since."""
+        """llama-server answered the lease's request with an error status (a field of the wrong type, a prompt over
+        the context: a 400; messages its chat template cannot render: a 500) and so evaluated nothing. If nothing
+        was loaded into the slot either, it still holds what it held before the lease: its label, parent and tokens
+        come back, so that a bad request displaces no one (the state it displaced was saved, and stays usable in
+        place). Not when that name was loaded into another slot since. (Were an error to come after llama-server
+        had begun the prompt, the label would promise more than the slot holds: llama-server compares its tokens,
+        so that costs an evaluation, never a wrong reply.)"""
         slot, before = lease.slot, lease.before
         if before is None or slot.version != lease.version:
             return

@@ -159,7 +159,8 @@ SLACK = {"smollm2": 0, "gemma3": 8}  # as in tests/hooks/test_hooks_client_apis.
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_bad_requests_displace_no_one(model, tmp_path):
     """Two slots hold alice's and bob's unsaved turns. Bad requests, unnamed and named, that llama-server refuses (a
-    field of the wrong type, a prompt that is no prompt) take a slot and evaluate nothing; requests without a prompt
+    field of the wrong type, a prompt that is no prompt, messages its template cannot render) take a slot and
+    evaluate nothing; requests without a prompt
     or messages are refused before they take one. Afterwards both users still continue in place: a bad request
     displaced no one (its slot's state was saved on the way, and is still resident under its name)."""
     store = tmp_path / "store"
@@ -179,13 +180,16 @@ def test_bad_requests_displace_no_one(model, tmp_path):
         held = labels()
         assert sorted(held.values()) == ["alice", "bob"], held
         refused_upstream = [  # reach llama-server, in a slot kvstore leases (and the displaced state is saved)
-            {"prompt": "Hello", "n_predict": 2, "temperature": "hot"},
-            {"prompt": 5, "n_predict": 2},
-            {"prompt": "Hello", "n_predict": "many", "cache_prompt_name": "carol"},  # a name with nothing stored
+            ("/completion", {"prompt": "Hello", "n_predict": 2, "temperature": "hot"}, 400),
+            ("/completion", {"prompt": 5, "n_predict": 2}, 400),
+            ("/completion", {"prompt": "Hello", "n_predict": "many", "cache_prompt_name": "carol"}, 400),  # new name
+            # a text block without its text: llama-server's chat template fails on it, a 500
+            ("/v1/messages", {"model": "m", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": [{"type": "text"}]}]}, 500),
         ]
-        for body in refused_upstream:
-            r = post(u, "/completion", body)
-            assert r.status == 400 and r.json["error"]["message"], (body, r.status, r.body[:300])
+        for path, body, status in refused_upstream:
+            r = post(u, path, body)
+            assert r.status == status and r.json["error"]["message"], (body, r.status, r.body[:300])
             assert labels() == held, (body, [s.as_dict() for s in table.slots])
         for path, body, says in [("/completion", {"n_predict": 2, "cache_prompt_name": "carol"}, "`prompt`"),
                                  ("/v1/chat/completions", {"max_tokens": 2}, "`messages`"),
