@@ -359,12 +359,14 @@ class Broker:
     async def prime(self, naming: Naming, prompt: object) -> dict:
         """Evaluate `prompt` (n_predict 0) into a slot and store it under the name."""
         tokens_fn = Once(lambda: self.prompt_tokens({"prompt": prompt}, False))
+        if await tokens_fn() == []:  # llama-server would evaluate nothing, and the slot's old content be stored
+            raise BadRequest("nothing to store: the prompt has no tokens")
         async with self.hold(naming, tokens_fn) as (lease, kind, n_restored):
             slot = lease.slot
             try:
                 r = await self.up.completion(prompt, n_predict=0, id_slot=slot.id, cache_prompt=True, temperature=0)
             except UpstreamReply:
-                self.table.refused(lease)  # refused (a prompt over the context): nothing evaluated
+                self.table.unchanged(lease)  # refused (a prompt over the context): nothing evaluated
                 raise
             except BaseException:
                 self.table.evaluated(slot)  # cut off mid-evaluation: the slot holds a prefix of this prompt

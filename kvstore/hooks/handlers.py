@@ -107,8 +107,8 @@ class Handlers:
                 # nothing: the slot keeps what it held, unmarked. Marked, a slot given to this name with another
                 # name's content in it (saved, reused in place) would be saved under this name. The slot also gets
                 # back its label when nothing was loaded into it: a bad request displaces no one.
-                if status is not None and status >= 400:
-                    w.table.refused(lease)
+                if status is not None and status >= 400 or _evaluated_nothing(tokens_fn.value, seen):
+                    w.table.unchanged(lease)
                 elif seen.started and (status is None or status < 400):
                     w.table.evaluated(slot, tokens_fn.value or [])
                     # Let the restart watch see this task's id soon: a restart right after it is then noticed.
@@ -134,6 +134,11 @@ class Handlers:
                 body, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
         else:
             prompt = body["prompt"]
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]  # a list of one prompt is that prompt, to llama-server as well
+            if several.prompts(body) is not None:
+                raise BadRequest("a state holds one prompt: `prompt` here is a list of prompts; prime each under a "
+                                 "name of its own")
         asked = bd.ask_of(request.headers, body)
         bound = self.h.wired.bound
         await bound.ask((ns, name), asked)
@@ -267,6 +272,16 @@ class Handlers:
         raise NotSupported(f"POST {request.path} is not served through kvstore: llama-server computes embeddings and "
                            "rerankings in a slot it picks itself, discarding the state kept there; send them to a "
                            "llama-server of their own (started with --embeddings or --reranking)")
+
+
+def _evaluated_nothing(tokens: Optional[list[int]], seen: "_Tee") -> bool:
+    """An empty prompt: llama-server answers it with nothing evaluated and nothing generated, and leaves the slot's
+    cells as they were (marked evaluated, a named request's slot would be saved under its name with what another
+    request left there: measured, another name's 64 tokens)."""
+    if tokens != [] or not seen.started:
+        return False
+    timings = seen.timings() or {}
+    return not timings.get("prompt_n") and not timings.get("predicted_n")
 
 
 def _require_prompt(path: str, body: dict) -> None:

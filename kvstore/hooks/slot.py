@@ -119,7 +119,7 @@ class Lease:
     lcp: int = 0  # tokens the slot's content shares with the request's prompt (reused in place)
     decision: Optional[Decision] = None  # restore or recompute (hooks/cost.py), once a restore was weighed
     # What the slot held when `acquire` relabelled it for this lease ((namespace, name, parent, tokens); None: not
-    # relabelled), and its `version` then: `SlotTable.refused` puts the label back if the content is unchanged.
+    # relabelled), and its `version` then: `SlotTable.unchanged` puts the label back if the content is unchanged.
     before: Optional[tuple[str, Optional[str], Optional[str], list[int]]] = None
     version: int = -1
     table: Optional[SlotEvents] = field(default=None, repr=False)  # set by acquire: the table that leased it

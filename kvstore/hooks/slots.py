@@ -340,9 +340,10 @@ class SlotTable:
         """llama-server loaded a stored state into the slot (the caller labelled it and knows its tokens)."""
         slot.version += 1
 
-    def refused(self, lease: Lease) -> None:
-        """llama-server answered the lease's request with an error status (a field of the wrong type, a prompt over
-        the context: a 400; messages its chat template cannot render: a 500) and so evaluated nothing. If nothing
+    def unchanged(self, lease: Lease) -> None:
+        """llama-server evaluated nothing for the lease's request: it answered with an error status (a field of the
+        wrong type, a prompt over the context: a 400; messages its chat template cannot render: a 500), or the
+        prompt was empty (a 200 with nothing evaluated, nothing generated). If nothing
         was loaded into the slot either, it still holds what it held before the lease: its label, parent and tokens
         come back, so that a bad request displaces no one (the state it displaced was saved, and stays usable in
         place). Not when that name was loaded into another slot since. (Were an error to come after llama-server

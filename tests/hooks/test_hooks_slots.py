@@ -410,24 +410,24 @@ def test_a_refused_request_gives_the_slot_back_its_label_unless_something_was_lo
             t.evaluated(l.slot, [4, 5])
         async with t.acquire(key=("a", "z")) as l:  # a name with nothing stored, refused: x is back, clean
             assert l.slot.name == "z" and events == [("save", ("a", "x"))]
-            t.refused(l)
+            t.unchanged(l)
         assert (t.slots[0].key, t.slots[0].tokens, t.slots[0].dirty) == (("a", "x"), [1, 2, 3], False)
         async with t.acquire(tokens=[9], namespace="a") as l:  # unnamed, refused: x again (it was clean)
             assert l.slot.id == 0 and l.slot.name is None
-            t.refused(l)
+            t.unchanged(l)
         assert t.slots[0].key == ("a", "x")
         async with t.acquire(key=("a", "z")) as l:  # a state loaded for the request: the label stays z's
             t.loaded(l.slot)
-            t.refused(l)
+            t.unchanged(l)
         assert t.slots[0].key == ("a", "z")
         async with t.acquire(key=("a", "w")) as l:  # the name it displaced is loaded into the other slot meanwhile
             displaced = l.before[:2]
             t.slots[1 - l.slot.id].hold(displaced)
-            t.refused(l)
+            t.unchanged(l)
         assert l.slot.key == ("a", "w") and t.slots[1 - l.slot.id].key == displaced
         async with t.acquire(key=("b", "v")) as l:  # another namespace: erased first, nothing to give back
             assert events[-1] == ("erase", "a")
-            t.refused(l)
+            t.unchanged(l)
         assert t.slots[l.slot.id].key == ("b", "v")
 
     run(go())
