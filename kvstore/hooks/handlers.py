@@ -65,7 +65,7 @@ class Handlers:
         asked = bd.ask_of(request.headers, body if nameable else {})
         if (path in COMPLETION_PATHS and naming.name is None and naming.parent is None and not body.get("stream")
                 and (each := several.prompts(body)) is not None):
-            return await several.serve(request, path, body, each, w.up.session)
+            return await several.serve(request, path, body, each, w.up.session, in_flight=len(w.table))
         nm.strip_fields(body)
         bd.strip_fields(body)
         translate = None

@@ -53,15 +53,21 @@ def _local_url(request: web.Request, path: str) -> str:
     return f"http://{host}:{port}{path}"
 
 
-async def serve(request: web.Request, path: str, body: dict, each: list[Any],
-                session: httpx.AsyncClient) -> web.Response:
-    """Send `body` once per prompt of `each` to the hooks themselves, in flight together, and answer as llama-server
-    answers several prompts. The first prompt that fails answers for all (as llama-server's first error does)."""
+async def serve(request: web.Request, path: str, body: dict, each: list[Any], session: httpx.AsyncClient,
+                in_flight: int) -> web.Response:
+    """Send `body` once per prompt of `each` to the hooks themselves, at most `in_flight` at a time (the slots: a
+    long list must not fill the queue, whose bound would refuse the rest), and answer as llama-server answers
+    several prompts. The first prompt that fails answers for all (as llama-server's first error does)."""
     url = _local_url(request, path)
     headers = {k: v for k, v in request.headers.items()
                if k.lower() in _KEPT_HEADERS or k.lower().startswith("x-kv-")}
-    replies = await asyncio.gather(*(session.post(url, json={**body, "prompt": p}, headers=headers, timeout=None)
-                                     for p in each))
+    gate = asyncio.Semaphore(max(1, in_flight))
+
+    async def one(prompt: Any) -> httpx.Response:
+        async with gate:
+            return await session.post(url, json={**body, "prompt": prompt}, headers=headers, timeout=None)
+
+    replies = await asyncio.gather(*(one(p) for p in each))
     for r in replies:
         if r.status_code != 200:
             return web.Response(status=r.status_code, body=r.content,

@@ -89,3 +89,19 @@ def test_several_prompts_in_one_completion_run_in_flight_as_on_llama_server(tmp_
         assert [r["content"] for r in native.json] == [r["content"] for r in own.json]
         own = post(srv.url, "/v1/completions", {**base, "max_tokens": 6, "cache_prompt": False})
         assert [c.text for c in oai.choices] == [c["text"] for c in own.json["choices"]]
+
+
+def test_a_long_list_of_prompts_does_not_fill_the_queue(tmp_path):
+    """Twelve prompts in one request on a server whose queue holds one waiting request: they go at most one per
+    slot at a time, so none is refused for a full queue (all twelve at once would leave nine 503s) and the reply
+    holds all twelve, in order."""
+    from hooks_support import post
+
+    store = tmp_path / "store"
+    srv = engine("smollm2", store)
+    with stack(srv), hooks(srv.url, store, max_queue=1) as hk:
+        prompts = [f"Count: {i}," for i in range(12)]
+        r = post(hk.url, "/completion", {"prompt": prompts, "n_predict": 2, "temperature": 0})
+        assert r.status == 200, r.body[:300]
+        assert [x["index"] for x in r.json] == list(range(12))
+        assert len(r.headers["X-KV-Slot"].split(",")) == 12
