@@ -109,7 +109,7 @@ class Handlers:
                 # back its label when nothing was loaded into it: a bad request displaces no one.
                 if status is not None and status >= 400 or _evaluated_nothing(tokens_fn.value, seen):
                     w.table.unchanged(lease)
-                elif seen.started and (status is None or status < 400):
+                elif seen.started:
                     w.table.evaluated(slot, tokens_fn.value or [])
                     # Let the restart watch see this task's id soon: a restart right after it is then noticed.
                     h.check_upstream_soon()

@@ -358,8 +358,7 @@ class SlotTable:
         slot.namespace, slot.name, slot.parent, slot.tokens = namespace, name, parent, tokens
 
     def restored(self, slot: Slot) -> None:
-        """A raw restore loaded a stored state: clean, tokens unknown."""
-        slot.version += 1
+        """A raw restore loaded a stored state (`loaded` counted it): clean, tokens unknown."""
         slot.tokens = []
         slot.dirty = False
         self.touch(slot)
