@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -128,6 +129,15 @@ def kept_slot_continuation(base: str, prompt: str, reply: str, follow: str, n_pr
     first = complete(base, prompt, n_predict=n_predict, id_slot=slot)
     assert first.json["content"] == reply, (first.json["content"], reply)
     return complete(base, follow, n_predict=n_predict, id_slot=slot).json["content"]
+
+
+def wait_idle(table: Any, seconds: float = 30) -> None:
+    """Until no slot of the hooks' table is busy: a reply's last bytes reach the client just before its handler
+    marks the slot and ends its lease, so the table is read once every lease has ended."""
+    deadline = time.monotonic() + seconds
+    while any(s.busy for s in table.slots):
+        assert time.monotonic() < deadline, "a slot stayed busy after every reply had arrived"
+        time.sleep(0.02)
 
 
 def tokenize(base: str, text: str) -> list[int]:

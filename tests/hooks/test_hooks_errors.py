@@ -2,12 +2,12 @@
 succeeds, the failure is counted), upstream down (502)."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
 import kvstore
-from hooks_support import QUESTIONS, complete, engine, get, hooks, intro, metric, post, request, stack, tokenize
+from hooks_support import (QUESTIONS, complete, engine, get, hooks, intro, metric, post, request, stack, tokenize,
+                           wait_idle)
 
 
 def test_bad_names_raw_slots_corrupt_object_upstream_down(tmp_path, state_files, caplog):
@@ -169,12 +169,10 @@ def test_bad_requests_displace_no_one(model, tmp_path):
         u, table = h.url, h.hooks.wired.table
         users = {"alice": intro(0) + QUESTIONS[0], "bob": intro(1) + QUESTIONS[0]}
         replies = {n: complete(u, p, name=n, n_predict=4) for n, p in users.items()}
+
         def labels() -> dict:
             """The slots' labels once every lease has ended (a reply reaches the client before its lease ends)."""
-            deadline = time.monotonic() + 30
-            while any(s.busy for s in table.slots):
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            wait_idle(table)
             return {s.id: s.name for s in table.slots}
 
         held = labels()

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from corpus import ARTICLES, QUESTIONS, SLACK
-from hooks_support import complete, engine, hooks, post, stack, tokenize
+from hooks_support import complete, engine, hooks, post, stack, tokenize, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +60,7 @@ def test_three_overlapping_requests_of_one_name_leave_one_whole_state(gemma):
     # The last reply's bytes reach the client just before the proxy marks its slot evaluated (and unlabels the
     # older one): look at the table once no slot is busy.
     table = gemma.hooks.wired.table
-    deadline = time.monotonic() + 30
-    while any(s.busy for s in table.slots) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(s.busy for s in table.slots), "a slot stayed busy after every reply had arrived"
+    wait_idle(table)
     slots = [s for s in table.slots if s.key == ("", name)]
     assert len(slots) == 1, "after overlapping requests exactly one slot holds the name"
     # What the name holds, once saved: one request's whole state (its prompt, then its reply), never a mix.
