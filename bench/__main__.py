@@ -20,7 +20,8 @@ from .targets import TARGETS, Target, cleanup, workdir
 
 PRESETS = {
     "smoke": {
-        "models": ["smollm2"], "targets": ["plain", "kvstore"], "workloads": ["W1", "W2", "storage", "slotwait"],
+        "models": ["smollm2"], "targets": ["plain", "kvstore"],
+        "workloads": ["W1", "W1chat", "W2", "storage", "slotwait"],
         "parallel": 2, "ctx_size": 4096,
         "w1": {"seed": 1, "users": 3, "turns": 2, "system_words": 40, "msg_words": 25, "n_predict": 8, "inflight": 2},
         "w2": {"seed": 2, "articles": 2, "questions": 2, "article_words": [150, 200], "n_predict": 4},
@@ -29,7 +30,7 @@ PRESETS = {
     },
     "quick": {
         "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore", "kvcap"],
-        "workloads": ["W1", "W1x1", "W2", "W3", "storage", "slotwait"], "parallel": 2, "ctx_size": 8192,
+        "workloads": ["W1", "W1x1", "W1chat", "W2", "W3", "storage", "slotwait"], "parallel": 2, "ctx_size": 8192,
         "w1": {"seed": 1, "users": 6, "turns": 4, "system_words": 60, "msg_words": 40, "n_predict": 16, "inflight": 2},
         "w2": {"seed": 2, "articles": 3, "questions": 3, "article_words": [300, 500], "n_predict": 8},
         # The polite client, then as users send it: the state named after the article, slots and 2 x slots in flight.
@@ -39,7 +40,7 @@ PRESETS = {
     },
     "full": {
         "models": ["smollm2", "gemma3"], "targets": ["plain", "ram", "ram512", "kvstore", "kvcap"],
-        "workloads": ["W1", "W2", "W3", "W1long", "storage"], "parallel": 2, "ctx_size": 8192,
+        "workloads": ["W1", "W1chat", "W2", "W3", "W1long", "storage"], "parallel": 2, "ctx_size": 8192,
         "w1": {"seed": 1, "users": 10, "turns": 5, "system_words": 100, "msg_words": 50, "n_predict": 24,
                "inflight": 3},
         "w2": {"seed": 2, "articles": 4, "questions": 4, "article_words": [300, 600], "n_predict": 8},
@@ -124,6 +125,9 @@ def run_workload(name: str, spec, model: str, cfg: dict) -> list:
         "W1x1": [("W1 one at a time", lambda t: workloads.run_w1(t, {**cfg["w1"], "inflight": 1}))],
         "W3": [("W3 restart", lambda t: workloads.run_w1(t, cfg["w1"], restart_at=max(1, cfg["w1"]["turns"] // 2)))],
         "W1long": [("W1 long history", lambda t: workloads.run_w1(t, cfg["w1long"]))],
+        # W1 as chat clients send it: the conversation's messages, the model's chat template, the reply as text.
+        "W1chat": [(f"W1 {label}", (lambda api=api: lambda t: workloads.run_w1(t, cfg["w1"], api=api))())
+                   for api, label in (("chat", "chat completions"), ("messages", "Messages API"))],
         "W2": [(w2_label(o, par, nm, k), (lambda o=o, par=par, nm=nm, k=k:
                                            lambda t: workloads.run_w2(t, cfg["w2"], o, par, nm, k))())
                for nm, k in cfg.get("w2_variants", [("question", 1)])

@@ -1,4 +1,9 @@
-"""A benchmark client: one streamed /completion request, timed to the first token, with llama-server's timings."""
+"""A benchmark client: one streamed request, timed to the first token, with the tokens llama-server evaluated.
+
+`complete` sends a native `/completion` (llama-server's `timings`); `chat` sends a conversation as a chat client does,
+on OpenAI's chat completions (the final chunk's `timings`) or Anthropic's Messages API (`usage` in `message_start`:
+`input_tokens` evaluated, `cache_read_input_tokens` reused; no `timings`, so no prompt_ms).
+"""
 from __future__ import annotations
 
 import json
@@ -30,9 +35,69 @@ def post_json(url: str, body: dict, headers: Optional[dict] = None, timeout: flo
         return json.loads(r.read())
 
 
-def tokenize(base: str, text: str) -> list:
+def tokenize(base: str, text: str, *, add_special: bool = True) -> list:
     """The tokens llama-server evaluates for `text` as a prompt (kvstore.llama's request)."""
-    return llama.tokens_of(post_json(base + llama.TOKENIZE, llama.tokenize_request(text)))
+    return llama.tokens_of(post_json(base + llama.TOKENIZE, llama.tokenize_request(text, add_special=add_special)))
+
+
+def chat_tokens(base: str, system: str, messages: list) -> list:
+    """The tokens llama-server evaluates for a chat request (its template applied, then tokenized)."""
+    doc = {"messages": [{"role": "system", "content": system}, *messages]}
+    return tokenize(base, llama.prompt_of(post_json(base + llama.APPLY_TEMPLATE, llama.template_request(doc))))
+
+
+def _sse(r):
+    """The JSON documents of a server-sent event stream's `data:` lines, until `[DONE]`."""
+    for raw in r:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
+
+
+CHAT_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+
+
+def chat(base: str, api: str, system: str, messages: list, max_tokens: int,
+         headers: Optional[dict] = None) -> Result:
+    """One streamed conversation turn: `messages` (user/assistant turns) after `system`, as `api` ("chat" or
+    "messages") carries them."""
+    if api == "chat":
+        body = {"messages": [{"role": "system", "content": system}, *messages], "max_tokens": max_tokens,
+                "temperature": 0, "stream": True}
+    else:
+        body = {"model": "bench", "system": system, "messages": messages, "max_tokens": max_tokens,
+                "temperature": 0, "stream": True}
+    req = urllib.request.Request(base + CHAT_PATHS[api], data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    t0 = time.perf_counter()
+    ttft = None
+    text, timings, usage = [], {}, {}
+    with urllib.request.urlopen(req, timeout=900) as r:
+        kv = r.headers.get("X-KV-Cache", "")
+        server = r.headers.get("X-KV-Server") or base
+        for chunk in _sse(r):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            if api == "chat":
+                for choice in chunk.get("choices") or ():
+                    text.append((choice.get("delta") or {}).get("content") or "")
+            elif chunk.get("type") == "message_start":
+                usage = chunk["message"].get("usage") or {}
+            elif chunk.get("type") == "content_block_delta":
+                text.append((chunk.get("delta") or {}).get("text") or "")
+            if chunk.get("timings"):
+                timings = chunk["timings"]
+    total = time.perf_counter() - t0
+    if api == "messages":
+        prompt_n, cache_n = int(usage.get("input_tokens", 0)), int(usage.get("cache_read_input_tokens", 0))
+    else:
+        prompt_n, cache_n = int(timings.get("prompt_n", 0)), int(timings.get("cache_n", 0))
+    return Result(prompt_n=prompt_n, cache_n=cache_n, ttft_s=ttft if ttft is not None else total, total_s=total,
+                  text="".join(text), kv_cache=kv, server=server, prompt_ms=float(timings.get("prompt_ms") or 0.0))
 
 
 def complete(base: str, prompt: str, n_predict: int, extra: Optional[dict] = None,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kvstore.hooks.slots import common_prefix as lcp
 
 from . import text
-from .client import complete, post_json, tokenize
+from .client import chat, chat_tokens, complete, post_json, tokenize
 
 
 
@@ -101,8 +101,13 @@ class Session:
             self.seen = seq
 
 
-def run_w1(target, p: dict, restart_at: int = 0) -> dict:
-    """Users take turns in a seeded random order, `inflight` requests at a time; conversations grow each turn."""
+def run_w1(target, p: dict, restart_at: int = 0, api: str = "completion") -> dict:
+    """Users take turns in a seeded random order, `inflight` requests at a time; conversations grow each turn.
+
+    api: "completion" sends each turn as one prompt string on `/completion` (the name in `cache_prompt_name`);
+    "chat" and "messages" send it as a chat client does, the conversation's messages on OpenAI's chat completions or
+    Anthropic's Messages API (the name in the `X-KV-Name` header, which either SDK sets with `extra_headers`), so
+    llama-server applies the model's chat template and the reply comes back as text that the next turn carries."""
     rng = random.Random(p["seed"])
     system = "System: You are a helpful assistant. " + text.paragraph(rng, p["system_words"]) + "\n"
     users = [f"user{i}" for i in range(p["users"])]
@@ -117,11 +122,20 @@ def run_w1(target, p: dict, restart_at: int = 0) -> dict:
     tally = Tally()
     kv = target.spec.kind == "kvstore"
 
+    conversation: dict = {u: [] for u in users}  # the chat APIs' messages so far
+
     def one(u: str):
+        url = target.url_for(users.index(u), turn[u]) if hasattr(target, "url_for") else target.url
+        if api != "completion":
+            messages = conversation[u] + [{"role": "user", "content": msgs[u][turn[u]]}]
+            tokens = chat_tokens(target.url, system, messages)
+            res = chat(url, api, system, messages, p["n_predict"], {"X-KV-Name": u} if kv else None)
+            # The reply's tokens as the next turn's template will carry them (the chat APIs return text only).
+            res.tokens = tokenize(target.url, res.text, add_special=False)
+            return u, messages, tokens, res
         prompt = history[u] + "User: " + msgs[u][turn[u]] + "\nAssistant:"
         tokens = tokenize(target.url, prompt)
         extra = {"cache_prompt_name": u} if kv else {}
-        url = target.url_for(users.index(u), turn[u]) if hasattr(target, "url_for") else target.url
         res = complete(url, prompt, p["n_predict"], extra)
         return u, prompt, tokens, res
 
@@ -135,7 +149,10 @@ def run_w1(target, p: dict, restart_at: int = 0) -> dict:
             for u, prompt, tokens, res in pool.map(one, order):
                 tally.add(res, sessions[u].ideal(tokens), returning=turn[u] > 0, session=u)
                 sessions[u].record(tokens, res.tokens)
-                history[u] = prompt + res.text + "\n"
+                if api != "completion":
+                    conversation[u] = prompt + [{"role": "assistant", "content": res.text}]
+                else:
+                    history[u] = prompt + res.text + "\n"
                 turn[u] += 1
     out = tally.summary()
     out["wall_s"] = round(time.perf_counter() - t0, 2)

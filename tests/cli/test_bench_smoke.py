@@ -31,6 +31,13 @@ def test_bench_smoke(tmp_path):
         assert kv["prompt_n"] <= 1.1 * kv["ideal"], kv
     w1 = rows[("W1", "kvstore serve")]
     assert w1["prompt_n"] <= 1.05 * w1["ideal"], w1
+    # The same users as chat clients send them (the model's template, the reply carried back as text), on OpenAI's
+    # chat completions and Anthropic's Messages API: every returning turn continues its stored state.
+    for api in ("chat completions", "Messages API"):
+        kv = rows[(f"W1 {api}", "kvstore serve")]
+        assert kv["prompt_n"] <= 1.05 * kv["ideal"], kv
+        assert kv["kv_cache"].get("miss", 0) <= kv["requests"] - kv["returning"], kv
+        assert rows[(f"W1 {api}", "llama-server")]["prompt_n"] > kv["prompt_n"], kv
     st = res["models"]["smollm2"]["storage"]
     assert st["raw_over_stored"] > 2.0, st
     sw = res["models"]["smollm2"]["slotwait"]  # llama-server's slot save: idle, beside a generation, a prompt
