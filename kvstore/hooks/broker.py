@@ -78,9 +78,11 @@ class Ask:
 
 
 class Broker:
-    def __init__(self, up: Upstream, store: AsyncStore, transfer: Transfer, table: SlotTable, metrics: Metrics):
+    def __init__(self, up: Upstream, store: AsyncStore, transfer: Transfer, table: SlotTable, metrics: Metrics, *,
+                 swa_resume_at_end: bool = False):
         self.up, self.store, self.transfer, self.table, self.metrics = up, store, transfer, table, metrics
         self.block_size = store.block_size
+        self.swa_resume_at_end = swa_resume_at_end  # `--swa-resume end`: cut.plan's `at_end`
 
     # ---- facts -----------------------------------------------------------------------------------------------
     async def lookup(self, namespace: str, tokens: Optional[list[int]]) -> Optional[dict]:
@@ -191,7 +193,7 @@ class Broker:
         try:
             if cut.applies(self.transfer.fingerprint, self.transfer.layout):  # SWA: cut at the common prefix
                 with contextlib.suppress(NotStored):
-                    done = await self._restore_cut(lease, naming, await tokens_fn(), hint)
+                    done = await self._restore_cut(lease, naming, await tokens_fn(), hint, prefetched)
                     if done is not None:
                         return done
             if naming.name and not await self._parent_serves_better(naming, tokens_fn):
@@ -269,22 +271,24 @@ class Broker:
             return False
         return not extends(own, tokens) and extends(parent, tokens)
 
-    async def _restore_cut(self, lease: Lease, naming: Naming, tokens: Optional[list[int]], hint: Optional[dict]
-                           ) -> Optional[tuple[str, int]]:
+    async def _restore_cut(self, lease: Lease, naming: Naming, tokens: Optional[list[int]], hint: Optional[dict],
+                           prefetched: Optional[Prefetch] = None) -> Optional[tuple[str, int]]:
         """SWA models: restore the stored state `cut.plan` chooses, cut at its common prefix P with the prompt.
         Returns (X-KV-Cache kind, P), or None (nothing worth cutting, or the cut cannot be emitted)."""
         if not tokens:
             return None
         if hint is None:
             hint = await self.lookup(naming.namespace, tokens)
-        chosen = await cut.plan(self.store, lease, naming, tokens, hint, self.block_size)
+        chosen = await cut.plan(self.store, lease, naming, tokens, hint, self.block_size,
+                                at_end=self.swa_resume_at_end)
         if chosen is None:
             return None
         if not self._worth(lease, chosen.at, chosen.at):
             return self._recomputed(lease)
         c = chosen.source
         r = await self.transfer.restore_cut(lease, naming.namespace, chosen.at,
-                                            name=c.name if c.kind != "prefix" else None, manifest_id=c.manifest_id)
+                                            name=c.name if c.kind != "prefix" else None, manifest_id=c.manifest_id,
+                                            prefetched=prefetched)
         if r is None:
             return None
         self._built_on(lease.slot, naming, c.kind, c.name)
@@ -339,11 +343,13 @@ class Broker:
     async def _prefetch(self, naming: Naming, tokens: Optional[list[int]]) -> Optional[Prefetch]:
         """Overlap the wait: a request whose stored name (the caller checked) is not resident has its state
         materialized from now on, while it waits for a slot and while the slot's displaced state is saved, so that
-        only llama-server's load is left once the slot is its. Whole restores only: where llama-server cannot roll
-        back inside a state (SWA, recurrent: `cut.extension_only`) only when the prompt extends all of the stored
-        state (a returning user), since otherwise the restore is cut at the fork or is the parent's."""
+        only llama-server's load is left once the slot is its. Where llama-server cannot roll back inside a state
+        (SWA, recurrent: `cut.extension_only`) only when the prompt extends all of the stored state (a returning
+        user), since otherwise the restore is cut at the fork or is the parent's; with `--swa-resume end` that state
+        is cut at its end on an SWA model (`cut.plan`), so the cut is what is materialized ahead."""
         if naming.name is None or self.table.resident(naming.key) is not None:
             return None
+        at = None
         if cut.extension_only(self.transfer.fingerprint, self.transfer.layout):
             if not tokens:
                 return None
@@ -353,7 +359,10 @@ class Broker:
                 return None
             if not extends(own, tokens):
                 return None
-        return self.transfer.prefetch(naming.namespace, naming.name)
+            if (self.swa_resume_at_end and cut.applies(self.transfer.fingerprint, self.transfer.layout)
+                    and len(own) >= self.block_size):
+                at = cut.cut_point(cut.Candidate("restored", naming.name, None, len(own), len(own)), len(tokens))
+        return self.transfer.prefetch(naming.namespace, naming.name, cut=at)
 
     # ---- the state and slot API --------------------------------------------------------------------------------
     async def prime(self, naming: Naming, prompt: object) -> dict:

@@ -6,9 +6,10 @@ nothing is restored here: `Broker` restores the chosen `Cut` through `Transfer.r
 On an SWA model (Gemma 2/3, ...) a restored state helps only if llama-server finds a context checkpoint at or
 before the point where the prompt leaves it; otherwise it re-evaluates the whole prompt. So among the request's
 own name, its parent and the longest stored prefix (any state of the namespace), the state sharing the most
-tokens with the prompt is cut at that common prefix P when the prompt leaves it before its end
-(`Store.materialize_prefix`), with a checkpoint at P, and llama-server evaluates only the tokens after P. A cut
-that cannot be emitted (window rows not stored) is never handed to llama-server; the caller then serves the
+tokens with the prompt is cut at that common prefix P (`Store.materialize_prefix`), with a checkpoint at P, and
+llama-server evaluates only the tokens after P where the prompt leaves the state. A prompt that extends all of
+its own state (a returning user) restores it whole, unless `--swa-resume end` asks for a cut at its end (`plan`).
+A cut that cannot be emitted (window rows not stored) is never handed to llama-server; the caller then serves the
 request as before and counts it.
 """
 from __future__ import annotations
@@ -116,15 +117,21 @@ def in_place(lease: Lease) -> int:
 
 
 async def plan(store: AsyncStore, lease: Lease, naming: Naming, tokens: Sequence[int], hint: Optional[dict],
-               min_tokens: int) -> Optional[Cut]:
+               min_tokens: int, *, at_end: bool = False) -> Optional[Cut]:
     """The cut worth restoring into the leased slot for this prompt, or None when nothing beats the slot's own
-    content: the caller then goes on as on any other model."""
+    content: the caller then goes on as on any other model. `at_end` (`kvstore serve --swa-resume end`): cut a
+    returning user's own state at its end too."""
     c = await choose(store, naming.namespace, naming.name, naming.parent, tokens, hint, min_tokens)
-    if c is None or c.n_common <= in_place(lease) or (c.n_common >= c.n_tokens and c.kind == "restored"):
-        # A prompt that extends the whole of its own state restores it whole, as before: llama-server then rolls
-        # back to its own last checkpoint (~5 tokens) exactly as if the state had kept its slot, so a returning
-        # user's reply is token for token the one it would have had (tests/hooks/test_hooks_users.py). A parent
-        # or another stored state is cut at its end instead: a checkpoint at P, so nothing is evaluated twice.
+    if c is None or c.n_common <= in_place(lease) or (c.n_common >= c.n_tokens and c.kind == "restored"
+                                                      and not at_end):
+        # A prompt that extends the whole of its own state restores it whole by default: llama-server then resumes
+        # at its own newest checkpoint, made 4 tokens before the end of the last prompt (evaluating the last reply
+        # again while the conversation is shorter than the window), exactly as in the slot that kept the state, so
+        # a returning user's reply is token for token the one it would have had (tests/hooks/test_hooks_users.py).
+        # With `at_end` it is cut at its end, like a parent or another stored state: a checkpoint at P, so only the
+        # new tokens are evaluated; the reply may then differ from the kept slot's where llama-server's
+        # re-evaluation of the last reply would have tipped a near tie (measured: 2 of 18 turns; a fresh
+        # evaluation of the whole prompt differed in 4: docs/hooks.md "Sliding-window models").
         return None
     p = cut_point(c, len(tokens))
     if p <= in_place(lease):

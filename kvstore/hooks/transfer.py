@@ -9,9 +9,10 @@ server's slot count, llama-server loads it. Both run under the caller's slot lea
 The server's cache layout (types, flash attention, rotation) is not in `/props`: it is learned from the first
 non-empty save and from then on required of every state restored or ingested (`expect()`).
 
-`prefetch(namespace, name)` materializes a named state ahead, while its request waits for a slot: a `restore`
-given that `Prefetch` loads its file instead of materializing, if it still holds the name's current manifest (a
-newer save meanwhile: materialized again); `Prefetch.close()` removes an unused file once its materialize ends.
+`prefetch(namespace, name, cut=None)` materializes a named state ahead (whole, or its first `cut` tokens as
+`restore_cut` would), while its request waits for a slot: a `restore` or `restore_cut` of that name (and cut) given
+that `Prefetch` loads its file instead of materializing, if it still holds the name's current manifest (a newer save
+meanwhile: materialized again); `Prefetch.close()` removes an unused file once its materialize ends.
 """
 from __future__ import annotations
 
@@ -43,23 +44,30 @@ def layout_is_empty(layout: str) -> bool:
 
 
 class Prefetch:
-    """A named state being materialized into a sync-dir file of its own ahead of its restore."""
+    """A named state being materialized into a sync-dir file of its own ahead of its restore (`cut`: only its first
+    `cut` tokens, with a checkpoint there, as `Transfer.restore_cut` materializes them)."""
 
-    def __init__(self, transfer: "Transfer", namespace: str, name: str):
-        self.namespace, self.name = namespace, name
+    def __init__(self, transfer: "Transfer", namespace: str, name: str, cut: Optional[int] = None):
+        self.namespace, self.name, self.cut = namespace, name, cut
         self.changes = transfer.store.changes(namespace, name)  # this process's mark of the name, at the read
         self._files = contextlib.ExitStack()
         self.filename, self.path = self._files.enter_context(transfer.sync.temp())
-        self.task = asyncio.ensure_future(transfer.store.materialize(
-            name, str(self.path), namespace=namespace, expect=transfer.expect(), n_stream=transfer.n_slots))
+        store, out = transfer.store, str(self.path)
+        self.task = asyncio.ensure_future(
+            store.materialize(name, out, namespace=namespace, expect=transfer.expect(), n_stream=transfer.n_slots)
+            if cut is None else
+            store.materialize_prefix(name, cut, out, namespace=namespace, manifest_id=None, expect=transfer.expect(),
+                                     n_stream=transfer.n_slots, fill_masked=transfer.swa_cells))
 
     async def report(self) -> Optional[dict]:
-        """The materialize report once written; None if it failed (the restore then materializes itself)."""
+        """The materialize report once written; None if it failed or the cut could not be emitted (the restore then
+        materializes itself)."""
         try:
-            return await asyncio.shield(self.task)
+            info = await asyncio.shield(self.task)
         except Exception as e:  # noqa: BLE001 - logged; the restore path reports its own failure
             log.info("prefetch of %s/%s failed: %s", self.namespace, self.name, e)
             return None
+        return None if "missing" in info else info
 
     def close(self) -> None:
         """Remove the file, now or when the materialize still writing it ends (its thread cannot be stopped)."""
@@ -180,9 +188,10 @@ class Transfer:
             self.layout = layout
             log.info("hooks: llama-server's cache layout is %s", self.layout)
 
-    def prefetch(self, namespace: str, name: str) -> Prefetch:
-        """Start materializing the named state now (its request is about to wait for a slot)."""
-        return Prefetch(self, namespace, name)
+    def prefetch(self, namespace: str, name: str, cut: Optional[int] = None) -> Prefetch:
+        """Start materializing the named state (or its first `cut` tokens) now: its request is about to wait for a
+        slot."""
+        return Prefetch(self, namespace, name, cut)
 
     async def restore(self, lease: Lease, namespace: str, *, name: Optional[str] = None,
                       manifest_id: Optional[str] = None, prefetched: Optional[Prefetch] = None) -> dict:
@@ -194,15 +203,18 @@ class Transfer:
         return r
 
     async def restore_cut(self, lease: Lease, namespace: str, n_tokens: int, *, name: Optional[str] = None,
-                          manifest_id: Optional[str] = None) -> Optional[dict]:
+                          manifest_id: Optional[str] = None, prefetched: Optional[Prefetch] = None
+                          ) -> Optional[dict]:
         """Restore the first `n_tokens` of a stored state (hooks/cut.py). None, with the slot untouched, when the
         cut cannot be emitted (counted as prefix_unavailable); else as `restore`."""
-        return await lease.shielded(self._restore(lease, namespace, name, manifest_id, n_tokens))
+        return await lease.shielded(self._restore(lease, namespace, name, manifest_id, n_tokens, prefetched))
 
-    async def _prefetched(self, namespace: str, name: Optional[str], prefetched: Optional[Prefetch]
-                          ) -> Optional[tuple[str, dict]]:
-        """(filename, report) of a prefetch of this very name that holds its current manifest, else None."""
-        if prefetched is None or name is None or (prefetched.namespace, prefetched.name) != (namespace, name):
+    async def _prefetched(self, namespace: str, name: Optional[str], prefetched: Optional[Prefetch],
+                          cut: Optional[int] = None) -> Optional[tuple[str, dict]]:
+        """(filename, report) of a prefetch of this very name (and cut) that holds its current manifest, else
+        None."""
+        if (prefetched is None or name is None
+                or (prefetched.namespace, prefetched.name, prefetched.cut) != (namespace, name, cut)):
             return None
         info = await prefetched.report()
         if info is None:
@@ -234,7 +246,7 @@ class Transfer:
         await self.store.settled(namespace, name)
         t0 = time.perf_counter()
         with self.sync.temp() as (fn, path):
-            ahead = await self._prefetched(namespace, name, prefetched) if cut is None else None
+            ahead = await self._prefetched(namespace, name, prefetched, cut)
             try:
                 if ahead is not None:
                     fn, info = ahead

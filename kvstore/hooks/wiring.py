@@ -44,6 +44,9 @@ class HooksConfig:
     # SWA models: the server's SWA cache cells per slot (hooks/cut.py swa_cells), so a cut keeps a fresh
     # evaluation's cell layout; 0 when unknown (an external llama-server): the cut carries the window alone.
     swa_cells: int = 0
+    # "checkpoint": a returning user's SWA state is restored whole and llama-server resumes at its own newest
+    # checkpoint, as in the slot that kept it; "end": cut at its end, so only the new tokens are evaluated (cut.plan).
+    swa_resume: str = "checkpoint"
     cache: Optional[Path] = None  # an S3 store's cache directory (default: config.default_cache_dir)
     cache_size: Optional[int] = None  # bytes
     # The store's bound (hooks/bound.py): a cap in bytes, the fraction evicted down to, a default ttl (seconds),

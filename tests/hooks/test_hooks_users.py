@@ -92,6 +92,31 @@ def test_six_users_two_slots_vs_plain(model, tmp_path):
     assert behind >= returning, (behind, returning)  # every returning user displaced another user's state
 
 
+def test_swa_resume_end_evaluates_only_the_new_tokens(tmp_path):
+    """`kvstore serve --swa-resume end`, Gemma 3: a returning user's state is cut at its end (a checkpoint there,
+    materialized while the request waits), so llama-server evaluates its new tokens only, as on a full-attention
+    model, where by default it resumes at its own checkpoint 5 tokens before the last prompt's end (SLACK above)."""
+    store = tmp_path / "store"
+    round_robin = [(u, t) for t in range(N_TURNS) for u in range(N_USERS)]
+    srv = engine("gemma3", store)
+    with stack(srv):
+        with hooks(srv.url, store, swa_resume="end") as hk:
+            run = converse(hk.url, "end", round_robin)
+            lens = {k: len(tokenize(srv.url, v["prompt"])) for k, v in run.items()}
+            prefetched = metric(hk.url, "kvstore_restores_prefetched_total")
+    returning = 0
+    for (u, t), v in run.items():
+        if t == 0:
+            continue
+        returning += 1
+        new = lens[(u, t)] - lens[(u, t - 1)]
+        assert v["kind"] == "restored", ((u, t), v["kind"])
+        assert v["restored"] > lens[(u, t - 1)] - 2, ((u, t), v["restored"])  # the whole state, cut at its end
+        # Its new tokens and no more (they count the last reply, whose tokens but the last the state holds).
+        assert v["prompt_n"] <= new, ((u, t), v["prompt_n"], new)
+    assert prefetched == returning, (prefetched, returning)
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_states_displaced_for_the_next_request_are_saved_behind_it_and_read_back_whole(model, tmp_path):
     """One slot, users in turn: each request displaces the previous user's state, whose ingest runs behind the
