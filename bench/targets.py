@@ -83,7 +83,7 @@ TARGETS = {
                            serve_args=("--restore-policy", "always")),
     # Sliding-window models: a returning user's state cut at its end instead of resumed at llama-server's own
     # checkpoint before the last reply (no difference on other models).
-    "kvend": TargetSpec("kvstore serve --swa-resume end", "kvstore", 0, serve_args=("--swa-resume", "end")),
+    "kvend": TargetSpec("kvstore serve --resume-at end", "kvstore", 0, serve_args=("--resume-at", "end")),
     "s3x2": TargetSpec("2x kvstore serve, one S3 store", "kvstore", 0, servers=2),
     "s3x1": TargetSpec("1x kvstore serve, S3 store", "kvstore", 0, bucket=True),
     "lb-rr": TargetSpec("2x kvstore serve, HAProxy round-robin", "kvstore", 0, servers=2, balance="roundrobin"),

@@ -78,13 +78,14 @@ def add_serve_args(sp) -> None:
                          "llama-server has written its file (one a crash left pending is ingested at the next "
                          "start); off: before it; auto: on for a local store, off for an S3 store (default auto)")
     sp.add_argument("--max-queue", type=int, default=64, metavar="N", help="requests that may wait for a slot")
-    sp.add_argument("--swa-resume", choices=("checkpoint", "end"), default="checkpoint",
+    sp.add_argument("--resume-at", choices=("checkpoint", "end"), default="checkpoint",
                     help="sliding-window models (Gemma 2/3): where a returning user's restored state resumes. "
                          "checkpoint: at llama-server's own newest checkpoint, as in the slot that kept it, which "
                          "evaluates the last reply again while the conversation is shorter than the window; the "
                          "reply is token for token the kept slot's. end: at the state's end (a cut with a "
                          "checkpoint there), only the new tokens evaluated; a reply may differ where that "
-                         "re-evaluation would have tipped a near tie (default checkpoint)")
+                         "re-evaluation would have tipped a near tie (default checkpoint). Hybrid and recurrent "
+                         "models resume at llama-server's checkpoint either way")
     sp.add_argument("--upstream-timeout", type=float, default=600.0, metavar="SECONDS",
                     help="504 when llama-server sends no reply byte this long (a non-streamed reply's first byte "
                          "comes when it is complete; default 600)")

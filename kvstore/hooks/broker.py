@@ -79,10 +79,10 @@ class Ask:
 
 class Broker:
     def __init__(self, up: Upstream, store: AsyncStore, transfer: Transfer, table: SlotTable, metrics: Metrics, *,
-                 swa_resume_at_end: bool = False):
+                 resume_at_end: bool = False):
         self.up, self.store, self.transfer, self.table, self.metrics = up, store, transfer, table, metrics
         self.block_size = store.block_size
-        self.swa_resume_at_end = swa_resume_at_end  # `--swa-resume end`: cut.plan's `at_end`
+        self.resume_at_end = resume_at_end  # `--resume-at end`: cut.plan's `at_end`
 
     # ---- facts -----------------------------------------------------------------------------------------------
     async def lookup(self, namespace: str, tokens: Optional[list[int]]) -> Optional[dict]:
@@ -280,7 +280,7 @@ class Broker:
         if hint is None:
             hint = await self.lookup(naming.namespace, tokens)
         chosen = await cut.plan(self.store, lease, naming, tokens, hint, self.block_size,
-                                at_end=self.swa_resume_at_end)
+                                at_end=self.resume_at_end)
         if chosen is None:
             return None
         if not self._worth(lease, chosen.at, chosen.at):
@@ -345,7 +345,7 @@ class Broker:
         materialized from now on, while it waits for a slot and while the slot's displaced state is saved, so that
         only llama-server's load is left once the slot is its. Where llama-server cannot roll back inside a state
         (SWA, recurrent: `cut.extension_only`) only when the prompt extends all of the stored state (a returning
-        user), since otherwise the restore is cut at the fork or is the parent's; with `--swa-resume end` that state
+        user), since otherwise the restore is cut at the fork or is the parent's; with `--resume-at end` that state
         is cut at its end on an SWA model (`cut.plan`), so the cut is what is materialized ahead."""
         if naming.name is None or self.table.resident(naming.key) is not None:
             return None
@@ -359,7 +359,7 @@ class Broker:
                 return None
             if not extends(own, tokens):
                 return None
-            if (self.swa_resume_at_end and cut.applies(self.transfer.fingerprint, self.transfer.layout)
+            if (self.resume_at_end and cut.applies(self.transfer.fingerprint, self.transfer.layout)
                     and len(own) >= self.block_size):
                 at = cut.cut_point(cut.Candidate("restored", naming.name, None, len(own), len(own)), len(tokens))
         return self.transfer.prefetch(naming.namespace, naming.name, cut=at)

@@ -8,7 +8,7 @@ before the point where the prompt leaves it; otherwise it re-evaluates the whole
 own name, its parent and the longest stored prefix (any state of the namespace), the state sharing the most
 tokens with the prompt is cut at that common prefix P (`Store.materialize_prefix`), with a checkpoint at P, and
 llama-server evaluates only the tokens after P where the prompt leaves the state. A prompt that extends all of
-its own state (a returning user) restores it whole, unless `--swa-resume end` asks for a cut at its end (`plan`).
+its own state (a returning user) restores it whole, unless `--resume-at end` asks for a cut at its end (`plan`).
 A cut that cannot be emitted (window rows not stored) is never handed to llama-server; the caller then serves the
 request as before and counts it.
 """
@@ -119,7 +119,7 @@ def in_place(lease: Lease) -> int:
 async def plan(store: AsyncStore, lease: Lease, naming: Naming, tokens: Sequence[int], hint: Optional[dict],
                min_tokens: int, *, at_end: bool = False) -> Optional[Cut]:
     """The cut worth restoring into the leased slot for this prompt, or None when nothing beats the slot's own
-    content: the caller then goes on as on any other model. `at_end` (`kvstore serve --swa-resume end`): cut a
+    content: the caller then goes on as on any other model. `at_end` (`kvstore serve --resume-at end`): cut a
     returning user's own state at its end too."""
     c = await choose(store, naming.namespace, naming.name, naming.parent, tokens, hint, min_tokens)
     if c is None or c.n_common <= in_place(lease) or (c.n_common >= c.n_tokens and c.kind == "restored"

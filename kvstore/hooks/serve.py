@@ -209,7 +209,7 @@ def configure(args):
                           upstream_timeout=args.upstream_timeout, upstream_idle_timeout=args.upstream_idle_timeout,
                           upstream_stall_timeout=args.upstream_stall_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,
-                          swa_cells=engine_swa_cells(engine), swa_resume=getattr(args, "swa_resume", "checkpoint"),
+                          swa_cells=engine_swa_cells(engine), resume_at=getattr(args, "resume_at", "checkpoint"),
                           **cost_of(args), **bounds)
     except BaseException:
         if engine is not None:

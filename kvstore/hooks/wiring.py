@@ -46,7 +46,7 @@ class HooksConfig:
     swa_cells: int = 0
     # "checkpoint": a returning user's SWA state is restored whole and llama-server resumes at its own newest
     # checkpoint, as in the slot that kept it; "end": cut at its end, so only the new tokens are evaluated (cut.plan).
-    swa_resume: str = "checkpoint"
+    resume_at: str = "checkpoint"
     cache: Optional[Path] = None  # an S3 store's cache directory (default: config.default_cache_dir)
     cache_size: Optional[int] = None  # bytes
     # The store's bound (hooks/bound.py): a cap in bytes, the fraction evicted down to, a default ttl (seconds),

@@ -92,15 +92,15 @@ def test_six_users_two_slots_vs_plain(model, tmp_path):
     assert behind >= returning, (behind, returning)  # every returning user displaced another user's state
 
 
-def test_swa_resume_end_evaluates_only_the_new_tokens(tmp_path):
-    """`kvstore serve --swa-resume end`, Gemma 3: a returning user's state is cut at its end (a checkpoint there,
+def test_resume_at_end_evaluates_only_the_new_tokens(tmp_path):
+    """`kvstore serve --resume-at end`, Gemma 3: a returning user's state is cut at its end (a checkpoint there,
     materialized while the request waits), so llama-server evaluates its new tokens only, as on a full-attention
     model, where by default it resumes at its own checkpoint 5 tokens before the last prompt's end (SLACK above)."""
     store = tmp_path / "store"
     round_robin = [(u, t) for t in range(N_TURNS) for u in range(N_USERS)]
     srv = engine("gemma3", store)
     with stack(srv):
-        with hooks(srv.url, store, swa_resume="end") as hk:
+        with hooks(srv.url, store, resume_at="end") as hk:
             run = converse(hk.url, "end", round_robin)
             lens = {k: len(tokenize(srv.url, v["prompt"])) for k, v in run.items()}
             prefetched = metric(hk.url, "kvstore_restores_prefetched_total")
