@@ -61,6 +61,32 @@ def _sse(r):
 CHAT_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
 
 
+@dataclass
+class _Stream:
+    ttft_s: float
+    total_s: float
+    kv_cache: str
+    server: str
+
+
+def _stream(base: str, path: str, body: dict, headers: Optional[dict], on_chunk) -> _Stream:
+    """POST `body` to `path` as a streamed request, handing each event's JSON to `on_chunk`: the time to the first
+    event, the total, and who answered."""
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    t0 = time.perf_counter()
+    ttft = None
+    with urllib.request.urlopen(req, timeout=900) as r:
+        kv = r.headers.get("X-KV-Cache", "")
+        server = r.headers.get("X-KV-Server") or base
+        for chunk in _sse(r):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            on_chunk(chunk)
+    total = time.perf_counter() - t0
+    return _Stream(ttft if ttft is not None else total, total, kv, server)
+
+
 def chat(base: str, api: str, system: str, messages: list, max_tokens: int,
          headers: Optional[dict] = None) -> Result:
     """One streamed conversation turn: `messages` (user/assistant turns) after `system`, as `api` ("chat" or
@@ -71,59 +97,45 @@ def chat(base: str, api: str, system: str, messages: list, max_tokens: int,
     else:
         body = {"model": "bench", "system": system, "messages": messages, "max_tokens": max_tokens,
                 "temperature": 0, "stream": True}
-    req = urllib.request.Request(base + CHAT_PATHS[api], data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    t0 = time.perf_counter()
-    ttft = None
-    text, timings, usage = [], {}, {}
-    with urllib.request.urlopen(req, timeout=900) as r:
-        kv = r.headers.get("X-KV-Cache", "")
-        server = r.headers.get("X-KV-Server") or base
-        for chunk in _sse(r):
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-            if api == "chat":
-                for choice in chunk.get("choices") or ():
-                    text.append((choice.get("delta") or {}).get("content") or "")
-            elif chunk.get("type") == "message_start":
-                usage = chunk["message"].get("usage") or {}
-            elif chunk.get("type") == "content_block_delta":
-                text.append((chunk.get("delta") or {}).get("text") or "")
-            if chunk.get("timings"):
-                timings = chunk["timings"]
-    total = time.perf_counter() - t0
+    text: list = []
+    timings: dict = {}
+    usage: dict = {}
+
+    def on_chunk(chunk: dict) -> None:
+        if api == "chat":
+            for choice in chunk.get("choices") or ():
+                text.append((choice.get("delta") or {}).get("content") or "")
+        elif chunk.get("type") == "message_start":
+            usage.update(chunk["message"].get("usage") or {})
+        elif chunk.get("type") == "content_block_delta":
+            text.append((chunk.get("delta") or {}).get("text") or "")
+        if chunk.get("timings"):
+            timings.update(chunk["timings"])
+
+    st = _stream(base, CHAT_PATHS[api], body, headers, on_chunk)
     if api == "messages":
         prompt_n, cache_n = int(usage.get("input_tokens", 0)), int(usage.get("cache_read_input_tokens", 0))
     else:
         prompt_n, cache_n = int(timings.get("prompt_n", 0)), int(timings.get("cache_n", 0))
-    return Result(prompt_n=prompt_n, cache_n=cache_n, ttft_s=ttft if ttft is not None else total, total_s=total,
-                  text="".join(text), kv_cache=kv, server=server, prompt_ms=float(timings.get("prompt_ms") or 0.0))
+    return Result(prompt_n=prompt_n, cache_n=cache_n, ttft_s=st.ttft_s, total_s=st.total_s, text="".join(text),
+                  kv_cache=st.kv_cache, server=st.server, prompt_ms=float(timings.get("prompt_ms") or 0.0))
 
 
 def complete(base: str, prompt: str, n_predict: int, extra: Optional[dict] = None,
              headers: Optional[dict] = None) -> Result:
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": True,
             "stream": True, "return_tokens": True, **(extra or {})}
-    req = urllib.request.Request(base + "/completion", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    t0 = time.perf_counter()
-    ttft = None
-    text, tokens, timings = [], [], {}
-    with urllib.request.urlopen(req, timeout=900) as r:
-        kv = r.headers.get("X-KV-Cache", "")
-        server = r.headers.get("X-KV-Server") or base
-        for raw in r:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            chunk = json.loads(line[5:])
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-            text.append(chunk.get("content", ""))
-            tokens.extend(chunk.get("tokens") or [])
-            if chunk.get("timings"):
-                timings = chunk["timings"]
-    total = time.perf_counter() - t0
+    text: list = []
+    tokens: list = []
+    timings: dict = {}
+
+    def on_chunk(chunk: dict) -> None:
+        text.append(chunk.get("content", ""))
+        tokens.extend(chunk.get("tokens") or [])
+        if chunk.get("timings"):
+            timings.update(chunk["timings"])
+
+    st = _stream(base, "/completion", body, headers, on_chunk)
     return Result(prompt_n=int(timings.get("prompt_n", 0)), cache_n=int(timings.get("cache_n", 0)),
-                  ttft_s=ttft if ttft is not None else total, total_s=total, text="".join(text),
-                  tokens=tokens, kv_cache=kv, server=server, prompt_ms=float(timings.get("prompt_ms") or 0.0))
+                  ttft_s=st.ttft_s, total_s=st.total_s, text="".join(text), tokens=tokens, kv_cache=st.kv_cache,
+                  server=st.server, prompt_ms=float(timings.get("prompt_ms") or 0.0))
