@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Awaitable, Optional
 
 from kvstore import _core
 from kvstore.errors import KvStoreError, NameNotFound
@@ -52,12 +52,7 @@ class Prefetch:
         self.changes = transfer.store.changes(namespace, name)  # this process's mark of the name, at the read
         self._files = contextlib.ExitStack()
         self.filename, self.path = self._files.enter_context(transfer.sync.temp())
-        store, out = transfer.store, str(self.path)
-        self.task = asyncio.ensure_future(
-            store.materialize(name, out, namespace=namespace, expect=transfer.expect(), n_stream=transfer.n_slots)
-            if cut is None else
-            store.materialize_prefix(name, cut, out, namespace=namespace, manifest_id=None, expect=transfer.expect(),
-                                     n_stream=transfer.n_slots, fill_masked=transfer.swa_cells))
+        self.task = asyncio.ensure_future(transfer.materialize(self.path, namespace, name, None, cut))
 
     async def report(self) -> Optional[dict]:
         """The materialize report once written; None if it failed or the cut could not be emitted (the restore then
@@ -188,6 +183,21 @@ class Transfer:
             self.layout = layout
             log.info("hooks: llama-server's cache layout is %s", self.layout)
 
+    def materialize(self, path: Path, namespace: str, name: Optional[str], manifest_id: Optional[str],
+                    cut: Optional[int] = None) -> Awaitable[dict]:
+        """Write a stored state (`name`, else `manifest_id`) for this server into `path`: whole, or its first `cut`
+        tokens with a checkpoint there (a report with `missing` when that cut cannot be emitted, nothing written).
+        The one place that says how a restore's file is made, for a restore and for a prefetch alike."""
+        if cut is not None:
+            return self.store.materialize_prefix(name, cut, str(path), namespace=namespace,
+                                                 manifest_id=None if name else manifest_id, expect=self.expect(),
+                                                 n_stream=self.n_slots, fill_masked=self.swa_cells)
+        if name is not None:
+            return self.store.materialize(name, str(path), namespace=namespace, expect=self.expect(),
+                                          n_stream=self.n_slots)
+        assert manifest_id is not None
+        return self.store.materialize_manifest(manifest_id, str(path), expect=self.expect(), n_stream=self.n_slots)
+
     def prefetch(self, namespace: str, name: str, cut: Optional[int] = None) -> Prefetch:
         """Start materializing the named state (or its first `cut` tokens) now: its request is about to wait for a
         slot."""
@@ -250,22 +260,13 @@ class Transfer:
             try:
                 if ahead is not None:
                     fn, info = ahead
-                elif cut is not None:
-                    info = await self.store.materialize_prefix(name, cut, str(path), namespace=namespace,
-                                                               manifest_id=None if name else manifest_id,
-                                                               expect=self.expect(), n_stream=self.n_slots,
-                                                               fill_masked=self.swa_cells)
-                    if "missing" in info:  # never handed to llama-server
+                else:
+                    info = await self.materialize(path, namespace, name, manifest_id, cut)
+                    if "missing" in info:  # a cut that cannot be emitted: never handed to llama-server
                         log.info("slot %d: no cut of %s at %d: %s %s", lease.slot.id, what, cut, info.get("reason"),
                                  info.get("missing"))
                         self.metrics.inc("prefix_unavailable")
                         return None
-                elif name is not None:
-                    info = await self.store.materialize(name, str(path), namespace=namespace, expect=self.expect(),
-                                                        n_stream=self.n_slots)
-                else:
-                    info = await self.store.materialize_manifest(manifest_id, str(path), expect=self.expect(),
-                                                                 n_stream=self.n_slots)
             except NameNotFound:
                 raise NotStored(name) from None
             except (KvStoreError, OSError) as e:
