@@ -359,9 +359,8 @@ class Broker:
                 return None
             if not extends(own, tokens):
                 return None
-            if (self.resume_at_end and cut.applies(self.transfer.fingerprint, self.transfer.layout)
-                    and len(own) >= self.block_size):
-                at = cut.cut_point(cut.Candidate("restored", naming.name, None, len(own), len(own)), len(tokens))
+            if self.resume_at_end and cut.applies(self.transfer.fingerprint, self.transfer.layout):
+                at = cut.end_cut(len(own), len(tokens), self.block_size)
         return self.transfer.prefetch(naming.namespace, naming.name, cut=at)
 
     # ---- the state and slot API --------------------------------------------------------------------------------

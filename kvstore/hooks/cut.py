@@ -79,6 +79,13 @@ def cut_point(c: Candidate, n_prompt: int) -> int:
     return min(c.n_common, c.n_tokens, n_prompt - 1)
 
 
+def end_cut(n_own: int, n_prompt: int, min_tokens: int) -> Optional[int]:
+    """Where `plan` with `at_end` cuts a request's own stored state of `n_own` tokens that its prompt of `n_prompt`
+    extends (a returning user), when that state is the candidate it takes: None for one `best` would not take."""
+    own = Candidate("restored", None, None, n_own, n_own)
+    return cut_point(own, n_prompt) if best([own], min_tokens) is not None else None
+
+
 def swa_cells(n_swa: int, n_ubatch: int, n_ctx_slot: int, kv_unified: bool, swa_full: bool, n_seq: int) -> int:
     """llama.cpp's SWA cache size in cells per stream (llama_kv_cache_iswa): what a filled cut may hold.
 

@@ -3,7 +3,7 @@ test_hooks_swa_prefix.py, test_hooks_articles.py and test_prefix_resume.py)."""
 from __future__ import annotations
 
 
-from kvstore.hooks.cut import Candidate, applies, best, cut_point
+from kvstore.hooks.cut import Candidate, applies, best, cut_point, end_cut
 
 
 def test_applies_only_to_attention_only_swa_layouts():
@@ -29,3 +29,10 @@ def test_best_prefers_the_longest_common_prefix_then_own_parent_prefix():
     assert best([own, par, other], 32) is other
     assert best([own, par], 32) is own
     assert best([Candidate("prefix", None, "m", 200, 20)], 32) is None  # under one block
+
+
+def test_end_cut_is_where_plan_cuts_a_returning_users_own_state():
+    """What the wait prefetches with `--resume-at end` (broker._prefetch) must be the cut `plan` then restores."""
+    assert end_cut(100, 130, 32) == 100  # the whole state, a checkpoint at its end
+    assert end_cut(100, 100, 32) == 99  # the prompt is the state: llama-server evaluates its last token itself
+    assert end_cut(20, 40, 32) is None  # under one block: `best` takes no such candidate, it is restored whole
