@@ -85,7 +85,7 @@ def add_serve_args(sp) -> None:
                          "reply is token for token the kept slot's. end: at the state's end (a cut with a "
                          "checkpoint there), only the new tokens evaluated; a reply may differ where that "
                          "re-evaluation would have tipped a near tie (default checkpoint). Hybrid and recurrent "
-                         "models resume at llama-server's checkpoint either way")
+                         "models resume at the state's end either way")
     sp.add_argument("--upstream-timeout", type=float, default=600.0, metavar="SECONDS",
                     help="504 when llama-server sends no reply byte this long (a non-streamed reply's first byte "
                          "comes when it is complete; default 600)")
