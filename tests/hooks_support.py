@@ -38,6 +38,20 @@ def engine(model: str, store: Optional[Path] = None, *, parallel: int = 2, cache
     return srv
 
 
+def tiny_engine(arch: str, store: Path, models: Path) -> EmbeddedServer:
+    """An embedded llama-server on a seeded tiny model of `arch` (tests/tinymodels.py: no hybrid or recurrent GGUF
+    ships on PyPI), written into `models` unless $KVSTORE_TINY_MODELS holds it; its --slot-save-path is
+    <store>/sync."""
+    from tinymodels import tiny_model_path
+
+    path = tiny_model_path(arch, Path(os.environ.get("KVSTORE_TINY_MODELS") or models))
+    cfg = EngineConfig(model=str(path), parallel=2, ctx_size=2048, cache_ram=0, threads=2, ubatch_size=256,
+                       slot_save_path=str(sync_dir(store)))
+    srv = EmbeddedServer(cfg)
+    wait_healthy(srv.url)
+    return srv
+
+
 def hooks(upstream: str, store: Path, **kw):
     """The hooks app on a free port, in a background thread. `.url`, `.close()` (saves dirty slots)."""
     from kvstore.hooks.app import HooksConfig

@@ -5,7 +5,6 @@ prompt is tokenized as llama-server renders it; a Messages reply through kvstore
 from __future__ import annotations
 
 import json
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,8 @@ import pytest
 from kvstore.anthropic_api import chat_request
 from kvstore.responses_api import chat_body
 
-from hooks_support import MODELS, QUESTIONS, complete, engine, get, hooks, intro, metric, post, stack
+from hooks_support import (MODELS, QUESTIONS, complete, engine, get, hooks, intro, metric, post, stack,
+                           tiny_engine)
 
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 N_OUT = 6
@@ -32,17 +32,7 @@ SLACK = {"smollm2": 2, "gemma3": 8, "lfm2": 2}
 def start_engine(model: str, tmp_path: Path):
     if model != "lfm2":
         return engine(model, tmp_path / "store")
-    from tinymodels import tiny_model_path
-
-    from kvstore.config import sync_dir
-    from kvstore.engine import EmbeddedServer, EngineConfig, wait_healthy
-
-    models = Path(os.environ.get("KVSTORE_TINY_MODELS") or tmp_path / "models")
-    cfg = EngineConfig(model=str(tiny_model_path("lfm2", models)), parallel=2, ctx_size=2048, cache_ram=0,
-                       threads=2, ubatch_size=256, slot_save_path=str(sync_dir(tmp_path / "store")))
-    srv = EmbeddedServer(cfg)
-    wait_healthy(srv.url)
-    return srv
+    return tiny_engine("lfm2", tmp_path / "store", tmp_path / "models")
 
 
 def sse_events(body: bytes) -> list[dict]:

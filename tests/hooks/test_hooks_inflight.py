@@ -6,14 +6,12 @@ article parent is restored instead. Three overlapping requests of one name leave
 states, never a mix."""
 from __future__ import annotations
 
-import os
 import threading
-from pathlib import Path
 
 import pytest
 
 from corpus import ARTICLES, QUESTIONS, SLACK
-from hooks_support import complete, engine, hooks, post, stack, tokenize, wait_idle
+from hooks_support import complete, engine, hooks, post, stack, tiny_engine, tokenize, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +70,8 @@ def test_three_overlapping_requests_of_one_name_leave_one_whole_state(gemma):
 
 
 def test_hybrid_model_next_question_restores_the_parent(tmp_path):
-    from tinymodels import tiny_model_path
-
-    from kvstore.engine import EmbeddedServer, EngineConfig, wait_healthy
-    from kvstore.config import sync_dir
-
-    models = Path(os.environ.get("KVSTORE_TINY_MODELS") or tmp_path / "models")
     store = tmp_path / "store"
-    cfg = EngineConfig(model=str(tiny_model_path("lfm2", models)), parallel=2, ctx_size=2048, cache_ram=0,
-                       threads=2, ubatch_size=256, slot_save_path=str(sync_dir(store)))
-    srv = EmbeddedServer(cfg)
-    wait_healthy(srv.url)
+    srv = tiny_engine("lfm2", store, tmp_path / "models")
     h = hooks(srv.url, store)
     with stack(srv, h):
         u = h.url
