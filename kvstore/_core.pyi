@@ -147,9 +147,10 @@ class Store:
         {manifest_id, n_tokens, missing: [[start, end]], reason} and writes nothing when it cannot be emitted."""
     def materialize_manifest(self, manifest_id: str, out_path: str, *, expect: Optional[Mapping[str, str]] = None,
                              n_stream: Optional[int] = None, durable: bool = False) -> dict[str, Any]: ...
-    def lookup(self, tokens: Sequence[int], *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None
-               ) -> Optional[dict[str, Any]]:
-        """Longest stored token prefix: {manifest_id, name, n_tokens, n_common} or None."""
+    def lookup(self, tokens: Sequence[int], *, namespace: str = ..., fingerprint: Optional[Mapping[str, str]] = None,
+               whole: bool = False) -> Optional[dict[str, Any]]:
+        """Longest stored token prefix: {manifest_id, name, n_tokens, n_common} or None. `whole`: the longest stored
+        state that `tokens` extends all of (n_common == n_tokens), as a recurrent state must be to serve a prompt."""
     def get(self, name: str, *, namespace: str = ...) -> Optional[dict[str, Any]]:
         """{name, namespace, manifest_id, n_tokens, file_bytes, file_hash, fingerprint, layout, parent,
         created, last_used, displaced}, or None. `empty`: an empty slot (see `layout_is_empty`). A bucket store

@@ -120,9 +120,9 @@ class AsyncStore:
         await self.settled(namespace, name)
         return await asyncio.to_thread(self.core.tokens, name, namespace=namespace)
 
-    async def lookup(self, tokens: Sequence[int], *, namespace: str, fingerprint: Mapping[str, str]
-                     ) -> Optional[dict]:
-        return await self._call(self.core.lookup, tokens, namespace=namespace, fingerprint=fingerprint)
+    async def lookup(self, tokens: Sequence[int], *, namespace: str, fingerprint: Mapping[str, str],
+                     whole: bool = False) -> Optional[dict]:
+        return await self._call(self.core.lookup, tokens, namespace=namespace, fingerprint=fingerprint, whole=whole)
 
     async def get(self, name: str, *, namespace: str) -> Optional[dict]:
         await self.settled(namespace, name)

@@ -200,17 +200,18 @@ impl PyStore {
         self.materialize_target(py, Target::Manifest(&manifest_id), &out_path, expect, n_stream, durable)
     }
 
-    #[pyo3(signature = (tokens, *, namespace = String::new(), fingerprint = None))]
+    #[pyo3(signature = (tokens, *, namespace = String::new(), fingerprint = None, whole = false))]
     fn lookup<'py>(
         &self,
         py: Python<'py>,
         tokens: Vec<i32>,
         namespace: String,
         fingerprint: Option<Bound<'py, PyAny>>,
+        whole: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let fp = convert::fingerprint(fingerprint.as_ref(), "fingerprint")?;
         let s = &self.inner;
-        let r = py.detach(|| s.lookup(&tokens, &namespace, &fp))?;
+        let r = py.detach(|| if whole { s.lookup_whole(&tokens, &namespace, &fp) } else { s.lookup(&tokens, &namespace, &fp) })?;
         r.map(|h| dict(py, &h)).transpose()
     }
 

@@ -1,12 +1,16 @@
-//! Lookup: the live state with the longest common token prefix (at least one block) with a query.
+//! Lookup: the live state with the longest common token prefix (at least one block) with a query; or, `whole`,
+//! the longest live state that the query extends all of (a state with a recurrent section serves a prompt only
+//! so: llama-server cannot roll back into it).
 //!
 //! CONTRACT: only states of the same namespace and fingerprint id match (the prefix-key chain includes both);
 //! the deepest prefix key with a live manifest gives the candidates; the longest common prefix, then the
-//! newest, wins. Names removed since are skipped. Where names live elsewhere the catalog says when to sync
-//! the namespace first (`Freshness`: at most once per its interval) and a miss syncs once more, so a state
-//! saved on another machine is found.
+//! newest, wins. `whole` walks the chain from its deepest key up until a level holds a state the query extends,
+//! reading each manifest once and at most `WHOLE_READS` of them (a bound on the request path: the shallow keys
+//! of a namespace whose states share a long prefix hold all of them). Names removed since are skipped. Where
+//! names live elsewhere the catalog says when to sync the namespace first (`Freshness`: at most once per its
+//! interval) and a miss syncs once more, so a state saved on another machine is found.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use heed::RoTxn;
 use serde::Serialize;
@@ -18,6 +22,9 @@ use crate::id::ObjectId;
 use crate::index::validate_name;
 use crate::manifest::{fingerprint_id, Fingerprint};
 use crate::prefix_keys::{common_prefix, prefix_chain};
+
+/// Manifests a `whole` lookup reads at most.
+const WHOLE_READS: usize = 256;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct LookupHit {
@@ -42,25 +49,34 @@ impl Store {
 
     /// The live state with the longest common token prefix (at least one block) with `tokens`.
     pub fn lookup(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint) -> Result<Option<LookupHit>> {
+        self.lookup_as(tokens, namespace, fingerprint, false)
+    }
+
+    /// The longest live state (at least one block) that `tokens` extends all of: `n_common == n_tokens`.
+    pub fn lookup_whole(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint) -> Result<Option<LookupHit>> {
+        self.lookup_as(tokens, namespace, fingerprint, true)
+    }
+
+    fn lookup_as(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint, whole: bool) -> Result<Option<LookupHit>> {
         validate_name(namespace, "namespace")?;
         match self.catalog.freshness(namespace) {
-            Freshness::Authoritative => self.lookup_local(tokens, namespace, fingerprint),
+            Freshness::Authoritative => self.lookup_local(tokens, namespace, fingerprint, whole),
             Freshness::Due => {
                 self.sync_quietly(Some(namespace))?;
-                self.lookup_local(tokens, namespace, fingerprint)
+                self.lookup_local(tokens, namespace, fingerprint, whole)
             }
-            Freshness::Recent => match self.lookup_local(tokens, namespace, fingerprint)? {
+            Freshness::Recent => match self.lookup_local(tokens, namespace, fingerprint, whole)? {
                 Some(hit) => Ok(Some(hit)),
                 None => {
                     self.sync_quietly(Some(namespace))?;
-                    self.lookup_local(tokens, namespace, fingerprint)
+                    self.lookup_local(tokens, namespace, fingerprint, whole)
                 }
             },
         }
     }
 
-    /// `lookup` over the index as it is.
-    fn lookup_local(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint) -> Result<Option<LookupHit>> {
+    /// `lookup` (or `lookup_whole`) over the index as it is.
+    fn lookup_local(&self, tokens: &[i32], namespace: &str, fingerprint: &Fingerprint, whole: bool) -> Result<Option<LookupHit>> {
         let chain = prefix_chain(namespace, &fingerprint_id(fingerprint), tokens, self.block_size);
         if chain.is_empty() {
             return Ok(None);
@@ -71,24 +87,31 @@ impl Store {
         if live.is_empty() {
             return Ok(None);
         }
-        let mut candidates: Vec<ObjectId> = Vec::new();
-        for h in chain.iter().rev() {
-            candidates.extend(ix.manifests_at_prefix(&r, h)?.into_iter().filter(|id| live.contains_key(id)));
-            if !candidates.is_empty() {
-                break;
-            }
-        }
+        let mut seen: HashSet<ObjectId> = HashSet::new();
         let mut best: Option<(u64, u64, ObjectId, u64)> = None; // (lcp, created, id, n_tokens)
-        for id in candidates {
-            let m = match self.read_manifest(&r, id) {
-                Ok(m) => m,
-                Err(Error::ManifestNotFound { .. }) => continue,
-                Err(e) => return Err(e),
-            };
-            let lcp = common_prefix(tokens, &m.tokens) as u64;
-            let key = (lcp, m.created, id, m.n_tokens);
-            if best.as_ref().is_none_or(|b| (key.0, key.1) > (b.0, b.1)) {
-                best = Some(key);
+        for h in chain.iter().rev() {
+            for id in ix.manifests_at_prefix(&r, h)? {
+                if !live.contains_key(&id) || whole && seen.len() >= WHOLE_READS || !seen.insert(id) {
+                    continue;
+                }
+                let m = match self.read_manifest(&r, id) {
+                    Ok(m) => m,
+                    Err(Error::ManifestNotFound { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
+                let lcp = common_prefix(tokens, &m.tokens) as u64;
+                if whole && lcp < m.n_tokens {
+                    continue;
+                }
+                let key = (lcp, m.created, id, m.n_tokens);
+                if best.as_ref().is_none_or(|b| (key.0, key.1) > (b.0, b.1)) {
+                    best = Some(key);
+                }
+            }
+            // The deepest level with a candidate holds the longest one: a state the query extends past this
+            // level's block would be recorded one level deeper as well.
+            if best.is_some() || !whole && !seen.is_empty() || whole && seen.len() >= WHOLE_READS {
+                break;
             }
         }
         Ok(best.map(|(lcp, _, id, n_tokens)| LookupHit {
@@ -142,5 +165,38 @@ mod tests {
         assert_eq!((hit.name.as_str(), hit.n_common), ("short", 64));
         s.remove("short", "").unwrap();
         assert!(s.lookup(&q, "", &q_f).unwrap().is_none());
+    }
+
+    #[test]
+    fn lookup_whole_finds_the_longest_state_the_query_extends() {
+        let d = TempDir::new("lookup-whole");
+        let s = open(&d, 16);
+        let f = fp(&[("model", "m1")]);
+        // An article (40 tokens), a state forked from it deeper (article + question 0 + answer), and a short
+        // state the query extends, one level up.
+        let article: Vec<i32> = (0..40).collect();
+        let mut q0 = article.clone();
+        q0.extend(100..130);
+        let short: Vec<i32> = (0..20).collect();
+        put_synthetic(&s, "short", "", &short, &f);
+        put_synthetic(&s, "q0", "", &q0, &f);
+        let mut q1 = article.clone();
+        q1.extend(100..103); // shares 3 tokens of question 0's, then leaves it
+        q1.extend(200..220);
+        // The longest common prefix is question 0's state, which q1 leaves; the whole one is the short state.
+        assert_eq!(s.lookup(&q1, "", &f).unwrap().unwrap().name, "q0");
+        let hit = s.lookup_whole(&q1, "", &f).unwrap().unwrap();
+        assert_eq!((hit.name.as_str(), hit.n_common, hit.n_tokens), ("short", 20, 20));
+        // A state at the fork (the article) is found though it ends inside a level that q0 passes.
+        let ar = put_synthetic(&s, "article", "", &article, &f);
+        let hit = s.lookup_whole(&q1, "", &f).unwrap().unwrap();
+        assert_eq!((hit.manifest_id.as_str(), hit.n_common, hit.n_tokens), (ar.manifest_id.as_str(), 40, 40));
+        // A query the deeper state is a whole prefix of finds it; a query shorter than a state never does.
+        let mut q0_more = q0.clone();
+        q0_more.extend([5, 6]);
+        assert_eq!(s.lookup_whole(&q0_more, "", &f).unwrap().unwrap().name, "q0");
+        assert_eq!(s.lookup_whole(&q0[..50], "", &f).unwrap().unwrap().name, "article");
+        assert!(s.lookup_whole(&short[..17], "", &f).unwrap().is_none());
+        assert!(s.lookup_whole(&q1, "tenant", &f).unwrap().is_none());
     }
 }
