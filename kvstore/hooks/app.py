@@ -158,6 +158,7 @@ class Hooks:
                       default_ttl=self.cfg.default_ttl, quotas=self.cfg.tenancy.quotas(),
                       protect=lambda: _held_names(table), period=self.cfg.evict_period)
         transfer.bound = bound
+        await transfer.learn_layout(0)  # before the first request (and before the first look at the task ids)
         await self._restarted(up)  # the first look at the slots' task ids
         self._wired = wired = Wired(up=up, store=store, transfer=transfer, table=table, broker=broker,
                                     n_slots=n_slots, bound=bound)

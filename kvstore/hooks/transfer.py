@@ -74,6 +74,10 @@ class Prefetch:
             self.task.add_done_callback(lambda t: (t.cancelled() or t.exception(), self._files.close()))
 
 
+# How long `learn_layout` waits for each of llama-server's steps (milliseconds when it is well).
+LEARN_TIMEOUT_S = 5.0
+
+
 class Transfer:
     def __init__(self, up: Any, store: AsyncStore, sync: SyncDir, metrics: Metrics, *, n_slots: int,
                  fingerprint: dict[str, str], swa_cells: int = 0, cost: Optional[CostModel] = None):
@@ -182,6 +186,27 @@ class Transfer:
         if not layout_is_empty(layout):
             self.layout = layout
             log.info("hooks: llama-server's cache layout is %s", self.layout)
+
+    async def learn_layout(self, slot_id: int) -> None:
+        """Learn llama-server's cache layout before the first request: one token evaluated into the slot, saved
+        into the sync dir, read for its layout, then the file removed and the slot erased (nothing is stored).
+        Whether the cache has a recurrent section decides how a prompt leaving a state is served
+        (`cut.extension_only`, `fork.applies`), and a first conversation's next turns would otherwise be planned
+        without it, until a save shows it. Any failure leaves that to the first save, as before."""
+        try:
+            await asyncio.wait_for(self.up.completion("a", n_predict=0, id_slot=slot_id, cache_prompt=False),
+                                   LEARN_TIMEOUT_S)
+            with self.sync.temp() as (fn, path):
+                r = await asyncio.wait_for(self.up.slot_action(slot_id, "save", fn), LEARN_TIMEOUT_S)
+                if r.get("n_saved"):
+                    info = await asyncio.to_thread(_core.inspect_state, str(path))
+                    self._learn_layout(info["layout"])
+        except (UpstreamError, UpstreamReply, KvStoreError, OSError, asyncio.TimeoutError) as e:
+            log.warning("hooks: llama-server's cache layout not learned at start (the first save will show it): %s",
+                        e or "timed out")
+        finally:
+            with contextlib.suppress(UpstreamError, UpstreamReply, asyncio.TimeoutError):
+                await asyncio.wait_for(self.up.slot_action(slot_id, "erase"), LEARN_TIMEOUT_S)
 
     def materialize(self, path: Path, namespace: str, name: Optional[str], manifest_id: Optional[str],
                     cut: Optional[int] = None) -> Awaitable[dict]:
