@@ -86,6 +86,11 @@ def add_serve_args(sp) -> None:
                          "checkpoint there), only the new tokens evaluated; a reply may differ where that "
                          "re-evaluation would have tipped a near tie (default checkpoint). Hybrid and recurrent "
                          "models resume at the state's end either way")
+    sp.add_argument("--fork-states", choices=("on", "off"), default="on",
+                    help="hybrid and recurrent models: where a named request's prompt leaves every stored state it "
+                         "could continue (the next question on an article), evaluate and store the prompt up to "
+                         "there first (a state named fork-<hash>), so that the next prompt leaving there continues "
+                         "it instead of evaluating the shared tokens again (default on)")
     sp.add_argument("--upstream-timeout", type=float, default=600.0, metavar="SECONDS",
                     help="504 when llama-server sends no reply byte this long (a non-streamed reply's first byte "
                          "comes when it is complete; default 600)")

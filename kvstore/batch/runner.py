@@ -237,6 +237,7 @@ class Batch:
             return None
         self.s.primed += 1
         self.s.evaluated += int(((doc or {}).get("timings") or {}).get("prompt_n") or 0)
+        self.s.evaluated += int((doc or {}).get("fork_evaluated") or 0)  # a state stored at a fork on the way
         return name
 
     # ---- pass 2: send ----------------------------------------------------------------------------------------
@@ -267,7 +268,8 @@ class Batch:
             if status == 200:
                 self.s.answered += 1
                 timings = llama.timings_of(doc) or {}  # a Responses or Messages reply: from its usage
-                self.s.evaluated += int(timings.get("prompt_n") or 0)
+                # With what kvstore evaluated first to store a state at a fork (a model with a recurrent section).
+                self.s.evaluated += int(timings.get("prompt_n") or 0) + int(headers.get("X-KV-Fork-Evaluated") or 0)
                 kind = headers.get("X-KV-Cache")
                 if kind:
                     self.s.kv_cache[kind] = self.s.kv_cache.get(kind, 0) + 1

@@ -153,7 +153,8 @@ class Hooks:
                           erase=lambda s: up.slot_action(s.id, "erase"),
                           extension_only=lambda: cut.extension_only(transfer.fingerprint, transfer.layout),
                           forks_served=lambda: cut.forks_served(transfer.fingerprint, transfer.layout))
-        broker = Broker(up, store, transfer, table, self.metrics, resume_at_end=self.cfg.resume_at == "end")
+        broker = Broker(up, store, transfer, table, self.metrics, resume_at_end=self.cfg.resume_at == "end",
+                        fork_states=self.cfg.fork_states)
         bound = Bound(store, self.metrics, max_bytes=self.cfg.max_size, low_water=self.cfg.low_water,
                       default_ttl=self.cfg.default_ttl, quotas=self.cfg.tenancy.quotas(),
                       protect=lambda: _held_names(table), period=self.cfg.evict_period)

@@ -12,6 +12,7 @@ which the handlers and the error middleware turn into replies. Slot fields are o
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -20,7 +21,7 @@ from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from kvstore.errors import NameNotFound
 
-from . import cut
+from . import cut, fork
 from .cost import Decision
 from .auth import Caller
 from .errors import (BadRequest, Forbidden, NotFound, NotStored, RestoreFailed, UpstreamError, UpstreamReply,
@@ -79,18 +80,24 @@ class Ask:
 
 class Broker:
     def __init__(self, up: Upstream, store: AsyncStore, transfer: Transfer, table: SlotTable, metrics: Metrics, *,
-                 resume_at_end: bool = False):
+                 resume_at_end: bool = False, fork_states: bool = True):
         self.up, self.store, self.transfer, self.table, self.metrics = up, store, transfer, table, metrics
         self.block_size = store.block_size
         self.resume_at_end = resume_at_end  # `--resume-at end`: cut.plan's `at_end`
+        self.fork_states = fork_states  # `--fork-states`: hooks/fork.py, on models with a recurrent section
+        # States at a fork being evaluated and stored: (namespace, name) -> (its tokens, set once it is stored or
+        # given up). A request leaving a prompt there waits for it rather than evaluate the same tokens beside it.
+        self._forking: dict[tuple[str, str], tuple[list[int], asyncio.Event]] = {}
 
     # ---- facts -----------------------------------------------------------------------------------------------
-    async def lookup(self, namespace: str, tokens: Optional[list[int]]) -> Optional[dict]:
-        """The longest stored prefix of `tokens`, if at least one block long (a failed lookup is a miss)."""
+    async def lookup(self, namespace: str, tokens: Optional[list[int]], *, whole: bool = False) -> Optional[dict]:
+        """The longest stored prefix of `tokens`, if at least one block long (a failed lookup is a miss); `whole`:
+        the longest stored state that `tokens` extends all of."""
         if not tokens or len(tokens) < self.block_size:
             return None
         try:
-            hit = await self.store.lookup(tokens, namespace=namespace, fingerprint=self.transfer.fingerprint)
+            hit = await self.store.lookup(tokens, namespace=namespace, fingerprint=self.transfer.fingerprint,
+                                          whole=whole)
         except Exception as e:  # noqa: BLE001 - a failed lookup is a miss
             log.error("prefix lookup failed: %s", e)
             return None
@@ -184,25 +191,43 @@ class Broker:
             return "slot", 0
         if lease.parent_resident:
             return "parent", 0
-        ns, slot = naming.namespace, lease.slot
         if prefetched is None:
             # The stored states this request may restore from or cut include the one this slot just held, whose
             # ingest may still run behind: look them up once it is in (as when the save came first). A returning
             # user's prefetched state needs no lookup and so does not wait.
-            await self.store.settled_namespace(ns)
+            await self.store.settled_namespace(naming.namespace)
+        forking: Optional[tuple[str, str]] = None
+        only_whole = False
+        if naming.name and self.fork_states and fork.applies(self.transfer.layout):
+            hint, looked_up, only_whole, forking = await self._plan_fork(lease, naming, await tokens_fn() or [], hint,
+                                                                         looked_up)
+        try:
+            kind, n_restored = await self._bring(lease, naming, tokens_fn, hint, looked_up, prefetched, only_whole)
+            if forking is not None:
+                await self._store_fork(lease, *forking, self._forking[forking][0])
+        finally:
+            if forking is not None:
+                self._forking.pop(forking)[1].set()
+        return kind, n_restored
+
+    async def _bring(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, hint: Optional[dict], looked_up: bool,
+                     prefetched: Optional[Prefetch], only_whole: bool) -> tuple[str, int]:
+        """`prepare`'s restore: a cut (SWA), the name, the parent, else the lookup's hit. `only_whole`: the hit
+        (a state the prompt extends all of, on a recurrent model) serves more than the name or the parent could."""
+        ns, slot = naming.namespace, lease.slot
         try:
             if cut.applies(self.transfer.fingerprint, self.transfer.layout):  # SWA: cut at the common prefix
                 with contextlib.suppress(NotStored):
                     done = await self._restore_cut(lease, naming, await tokens_fn(), hint, prefetched)
                     if done is not None:
                         return done
-            if naming.name and not await self._parent_serves_better(naming, tokens_fn):
+            if naming.name and not only_whole and not await self._parent_serves_better(naming, tokens_fn):
                 with contextlib.suppress(NotStored):
                     if not await self._worth_name(lease, ns, naming.name):
                         return self._recomputed(lease)
                     r = await self.transfer.restore(lease, ns, name=naming.name, prefetched=prefetched)
                     return "restored", int(r.get("n_restored") or 0)
-            if naming.parent:
+            if naming.parent and not only_whole:
                 with contextlib.suppress(NotStored):
                     if not await self._worth_name(lease, ns, naming.parent):
                         return self._recomputed(lease)
@@ -222,6 +247,115 @@ class Broker:
         except RestoreFailed:
             return "miss", 0
         return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
+
+    async def _plan_fork(self, lease: Lease, naming: Naming, tokens: list[int], hint: Optional[dict],
+                         looked_up: bool) -> tuple[Optional[dict], bool, bool, Optional[tuple[str, str]]]:
+        """`_fork_plan`, then the claim on the state at the fork, if one is to be stored (the caller stores it and
+        lets the claim go): (hint, looked up, only_whole, the claim's key). A state at the fork that another request
+        is storing is waited for and restored instead; none is stored where the cost model would not restore it."""
+        ns = naming.namespace
+        planned = await self._fork_plan(lease, naming, tokens, hint, looked_up)
+        at = planned[2]
+        if at is not None and await self._fork_under_way(ns, tokens, at):
+            planned = await self._fork_plan(lease, naming, tokens, hint, looked_up)  # it is stored now
+            at = planned[2]
+        forking = None
+        if at is not None and self.transfer.cost.decide(at, at).restore:
+            forking = self._claim_fork(ns, tokens[:at])
+            if forking is not None and await self.stored(*forking):
+                self._forking.pop(forking)[1].set()  # stored since this plan (or a user's name: kept)
+                forking = None
+            if forking is None:  # stored, or being stored by another request: restore it once it is
+                await self._fork_under_way(ns, tokens, at)
+                planned = await self._fork_plan(lease, naming, tokens, hint, looked_up)
+        hint, looked_up, _, only_whole = planned
+        return hint, looked_up, only_whole, forking
+
+    async def _fork_plan(self, lease: Lease, naming: Naming, tokens: Optional[list[int]], hint: Optional[dict],
+                         looked_up: bool) -> tuple[Optional[dict], bool, Optional[int], bool]:
+        """A recurrent model's named request (hooks/fork.py): returns (the hint to restore from, looked up, where to
+        store a state on the way, whether that hint serves more than the name or parent). A prompt that extends its
+        own stored state or its parent's goes on as before. Otherwise the prompt is served from the longest state
+        it extends all of (`lookup(whole=True)`), not from the state it shares the most with, which llama-server
+        could continue only from a checkpoint before the fork (and rarely has one there) — unless that one shares a
+        block more: then it is restored as before, for such a checkpoint, and a state is stored at the fork."""
+        if not tokens:
+            return hint, looked_up, None, False
+        ns = naming.namespace
+        shared = lease.lcp
+        for n in (naming.name, naming.parent):
+            if not n:
+                continue
+            try:
+                held = await self.store.tokens(n, namespace=ns)
+            except NameNotFound:
+                continue
+            if extends(held, tokens):
+                return hint, looked_up, None, False
+            shared = max(shared, common_prefix(held, tokens))
+        if not looked_up:
+            hint, looked_up = await self.lookup(ns, tokens), True
+        if hint is not None:
+            shared = max(shared, int(hint["n_common"]))
+        whole = await self.lookup(ns, tokens, whole=True)
+        served = max(lease.lcp, int(whole["n_tokens"]) if whole else 0)
+        at = fork.point(len(tokens), shared, served, self.block_size)
+        if whole is None:
+            return hint, looked_up, at, False
+        return whole, True, at, at is None
+
+    async def _fork_under_way(self, namespace: str, tokens: list[int], at: int) -> bool:
+        """Wait for a state at a fork that another request is evaluating and storing, of which this prompt extends
+        all and which serves more than a block of what this one would store at `at`. True if there was one (it
+        is stored now, unless that request gave it up)."""
+        under_way = [(prefix, done) for (ns, _), (prefix, done) in self._forking.items()
+                     if ns == namespace and len(prefix) + self.block_size > at and extends(prefix, tokens)]
+        if not under_way:
+            return False
+        for _, done in under_way:
+            await done.wait()
+        await self.store.settled_namespace(namespace)
+        return True
+
+    def _claim_fork(self, namespace: str, prefix: list[int]) -> Optional[tuple[str, str]]:
+        """This request will store the state at the fork `prefix` (hooks/fork.py): the key it holds in `_forking`
+        until then, so that others leaving there wait for it (`_fork_under_way`; no await between that check and
+        this claim). None when another request is storing it."""
+        key = (namespace, fork.name(prefix))
+        if key in self._forking:
+            return None
+        self._forking[key] = (prefix, asyncio.Event())
+        return key
+
+    async def _store_fork(self, lease: Lease, ns: str, name: str, prefix: list[int]) -> None:
+        """Evaluate `prefix` in the leased slot (n_predict 0), after whatever `_bring` restored there, and store it
+        as the state at the fork. The request then evaluates the rest of its prompt. The tokens evaluated are the
+        reply's `X-KV-Fork-Evaluated` and in `kvstore_prompt_tokens_evaluated_total`. A refusal or a failed save
+        leaves only the request."""
+        slot = lease.slot
+        try:
+            r = await self.up.completion(prefix, n_predict=0, id_slot=slot.id, cache_prompt=True, temperature=0)
+        except UpstreamReply as e:
+            log.warning("slot %d: state at the fork not evaluated: %s", slot.id, e)
+            return
+        except BaseException:
+            self.table.evaluated(slot)  # cut off mid-evaluation: the slot holds a prefix of this prompt
+            raise
+        self.table.evaluated(slot, prefix)
+        timings = r.get("timings") or {}
+        lease.fork_evaluated = int(timings.get("prompt_n") or 0)
+        self.metrics.inc("prompt_tokens_evaluated", lease.fork_evaluated)
+        self.metrics.inc("fork_tokens_evaluated", lease.fork_evaluated)
+        self.transfer.cost.prefilled(timings)
+        try:
+            await lease.shielded(self.transfer.save(slot, name=name, namespace=ns, behind=True))
+        except Exception as e:  # noqa: BLE001 - counted by the save; the request goes on without it
+            log.warning("slot %d: state at the fork not stored: %s", slot.id, e)
+            return
+        self.metrics.inc("fork_states")
+        # Clean: the slot now holds this request's name, and a request refused from here on must not store the
+        # prefix under it (the name's stored state stays what it was).
+        self.table.saved(slot)
 
     def _worth(self, lease: Lease, restore_tokens: int, useful_tokens: int) -> bool:
         """Restore a state of `restore_tokens` tokens, of which `useful_tokens` serve the prompt (those the slot
@@ -386,6 +520,7 @@ class Broker:
             info = await lease.shielded(self.transfer.save(slot))
             self.table.saved(slot)
         return {"id_slot": slot.id, "cache": kind, "n_restored": n_restored, "timings": timings, "stored": info,
+                "fork_evaluated": lease.fork_evaluated,
                 "decision": lease.decision.word if lease.decision else None,
                 "n_tokens": int((info or {}).get("n_tokens") or r.get("tokens_cached") or 0)}
 

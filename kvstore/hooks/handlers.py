@@ -91,6 +91,8 @@ class Handlers:
                 headers["X-KV-Name"] = naming.name
             if lease.decision is not None:
                 headers["X-KV-Decision"] = lease.decision.header()
+            if lease.fork_evaluated:
+                headers["X-KV-Fork-Evaluated"] = str(lease.fork_evaluated)
             seen = _Tee(bool(body.get("stream")))
             status = None
             try:
@@ -148,8 +150,10 @@ class Handlers:
         if refused is not None:
             raise StoreFull(f"stored {name!r}, but not pinned: {refused}")
         kind, n_restored = r["cache"], r["n_restored"]
-        return web.json_response(jsonable({"name": name, "namespace": ns, **r}), headers={
-            "X-KV-Cache": kind, "X-KV-Slot": str(r["id_slot"]), "X-KV-Restored-Tokens": str(n_restored)})
+        headers = {"X-KV-Cache": kind, "X-KV-Slot": str(r["id_slot"]), "X-KV-Restored-Tokens": str(n_restored)}
+        if r["fork_evaluated"]:
+            headers["X-KV-Fork-Evaluated"] = str(r["fork_evaluated"])
+        return web.json_response(jsonable({"name": name, "namespace": ns, **r}), headers=headers)
 
     async def state_info(self, request: web.Request) -> web.Response:
         ns, name = _state_key(request)

@@ -27,6 +27,8 @@ COUNTERS = {
     "restores_prefetched": "Restores whose state was materialized while the request waited for a slot.",
     "save_failures": "Saves or ingests that failed.",
     "saves_behind": "Saves of a slot handed to another request whose ingest ran behind that request.",
+    "fork_states": "States stored at a fork on a model with a recurrent section (hooks/fork.py).",
+    "fork_tokens_evaluated": "Prompt tokens evaluated to store states at a fork (also in prompt_tokens_evaluated).",
     "prefix_unavailable": "SWA prefix cuts not emitted (window rows not stored); the request was served without one.",
     "remote_failures": "Store calls that failed because the S3 store's bucket was unreachable (saves are kept in "
                        "their slots and retried).",

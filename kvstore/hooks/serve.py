@@ -210,6 +210,7 @@ def configure(args):
                           upstream_stall_timeout=args.upstream_stall_timeout,
                           tenancy=tenancy, upstream_api_key=upstream_key, embedded=engine is not None,
                           swa_cells=engine_swa_cells(engine), resume_at=getattr(args, "resume_at", "checkpoint"),
+                          fork_states=getattr(args, "fork_states", "on") == "on",
                           **cost_of(args), **bounds)
     except BaseException:
         if engine is not None:

@@ -118,6 +118,7 @@ class Lease:
     parent_resident: bool = False  # the slot holds the requested parent (used in place)
     lcp: int = 0  # tokens the slot's content shares with the request's prompt (reused in place)
     decision: Optional[Decision] = None  # restore or recompute (hooks/cost.py), once a restore was weighed
+    fork_evaluated: int = 0  # prompt tokens evaluated to store a state at a fork first (hooks/fork.py)
     # What the slot held when `acquire` relabelled it for this lease ((namespace, name, parent, tokens); None: not
     # relabelled), and its `version` then: `SlotTable.unchanged` puts the label back if the content is unchanged.
     before: Optional[tuple[str, Optional[str], Optional[str], list[int]]] = None

@@ -101,11 +101,12 @@ class Transfer:
         (The core keeps `layout` out of the fingerprint id, so prefix lookups are unaffected.)"""
         return {**self.fingerprint, "layout": self.layout} if self.layout else self.fingerprint
 
-    async def save(self, slot: Slot, name: Optional[str] = None, namespace: Optional[str] = None
-                   ) -> Optional[dict]:
+    async def save(self, slot: Slot, name: Optional[str] = None, namespace: Optional[str] = None, *,
+                   behind: bool = False) -> Optional[dict]:
         """Save a slot into the sync dir and ingest it (under its own name, or `name`). Caller holds the slot.
-        Returns the ingest report plus `save` (llama-server's reply); None for an unnamed slot."""
-        return await self._save(slot, name, namespace, behind=False)
+        Returns the ingest report plus `save` (llama-server's reply); None for an unnamed slot. `behind`: the
+        ingest runs behind where the store allows (as `save_behind`'s)."""
+        return await self._save(slot, name, namespace, behind=behind and self.store.behind is not None)
 
     async def save_behind(self, slot: Slot) -> Optional[dict]:
         """Save a slot being handed to another request: once llama-server has written the file the slot is free,

@@ -47,6 +47,9 @@ class HooksConfig:
     # "checkpoint": a returning user's SWA state is restored whole and llama-server resumes at its own newest
     # checkpoint, as in the slot that kept it; "end": cut at its end, so only the new tokens are evaluated (cut.plan).
     resume_at: str = "checkpoint"
+    # Models with a recurrent section: store the state where a named request's prompt leaves every stored state it
+    # could continue, on the way, so that the next prompt leaving there continues it (hooks/fork.py).
+    fork_states: bool = True
     cache: Optional[Path] = None  # an S3 store's cache directory (default: config.default_cache_dir)
     cache_size: Optional[int] = None  # bytes
     # The store's bound (hooks/bound.py): a cap in bytes, the fraction evicted down to, a default ttl (seconds),

@@ -36,3 +36,22 @@ def test_end_cut_is_where_plan_cuts_a_returning_users_own_state():
     assert end_cut(100, 130, 32) == 100  # the whole state, a checkpoint at its end
     assert end_cut(100, 100, 32) == 99  # the prompt is the state: llama-server evaluates its last token itself
     assert end_cut(20, 40, 32) is None  # under one block: `best` takes no such candidate, it is restored whole
+
+
+def test_fork_point_is_stored_only_two_blocks_in_a_block_past_what_is_served_whole():
+    from kvstore.hooks import fork
+
+    assert fork.applies("kv[2:f16/512,f16/512*2;vt0;rot0,0;ext0]+rec[4:f32/512*2;f32/0*2]")
+    assert fork.applies("rec[3:f32/1920*3;f32/8192*3]")
+    assert not fork.applies("kv[18:f16/1024,f16/1024*18;vt0;rot0,0;ext0]") and not fork.applies(None)
+    # An article of 84 tokens shared with the stored question, nothing stored whole: store at the fork.
+    assert fork.point(n_prompt=96, shared=84, whole=0, block_size=32) == 84
+    # The state at the fork is stored: the next question leaving a few tokens past it is served by it.
+    assert fork.point(n_prompt=95, shared=87, whole=84, block_size=32) is None
+    assert fork.point(n_prompt=200, shared=150, whole=84, block_size=32) == 150
+    # Too little shared to be worth a save; never at the prompt's end (llama-server evaluates its last token).
+    assert fork.point(n_prompt=96, shared=63, whole=0, block_size=32) is None
+    assert fork.point(n_prompt=84, shared=84, whole=0, block_size=32) == 83
+    # The name is the prefix's: the same tokens, the same name; others, another.
+    assert fork.name([1, 2, 3]) == fork.name([1, 2, 3]) != fork.name([1, 2, 4])
+    assert fork.name([1, 2, 3]).startswith(fork.PREFIX)

@@ -1,0 +1,75 @@
+"""States stored at a fork on the recurrent and hybrid families (hooks/fork.py), against the real llama.cpp server
+on the seeded tiny Mamba-2 and LFM2 (tests/tinymodels.py: no such GGUF ships on PyPI): five questions on each of
+two articles, as users send them — two in flight, in both orders, named by the article and by the question, with
+no parents. llama-server cannot continue a recurrent state where a prompt leaves it, so without a state at the
+fork every question evaluates its article again (plain llama-server: 5 articles' worth each). With one, an article
+is evaluated at most three times (two questions in flight at once both find nothing stored; the next one stores
+the state at the fork, once: another leaving there meanwhile waits for it), and every later question restores it
+and evaluates its own tokens alone."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from corpus import ARTICLES, QUESTIONS
+from hooks_support import complete, get, hooks, metric, stack, tiny_engine, tokenize
+
+ASKED = [*QUESTIONS, "Question: Which word in the text is the longest? Answer:",
+         "Question: Is the text about nature? Answer:"]
+N_ARTICLES = 2
+# A request evaluates its question's tokens, plus one or two where the article meets the question.
+SLACK = 2
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "lfm2"])
+@pytest.mark.parametrize("order", ["article-major", "question-major"])
+@pytest.mark.parametrize("naming", ["article", "question"])
+def test_questions_on_an_article_continue_the_state_stored_at_the_fork(arch, order, naming, tmp_path):
+    store = tmp_path / "store"
+    srv = tiny_engine(arch, store, tmp_path / "models")
+    with stack(srv, hooks(srv.url, store)) as (_, h):
+        jobs = [(a, q) for a in range(N_ARTICLES) for q in range(len(ASKED))]
+        if order == "question-major":
+            jobs.sort(key=lambda j: (j[1], j[0]))
+        n_article = {a: len(tokenize(h.url, ARTICLES[a])) for a in range(N_ARTICLES)}
+        n_own = {j: len(tokenize(h.url, ARTICLES[j[0]] + ASKED[j[1]])) - n_article[j[0]] for j in jobs}
+        pending, lock, out, errors = list(jobs), threading.Lock(), {}, []
+
+        def worker() -> None:
+            try:
+                while True:
+                    with lock:
+                        if not pending:
+                            return
+                        a, q = pending.pop(0)
+                    name = f"article{a}" if naming == "article" else f"a{a}-q{q}"
+                    r = complete(h.url, ARTICLES[a] + ASKED[q], name=name, n_predict=4)
+                    fork_n = int(r.headers.get("X-KV-Fork-Evaluated") or 0)
+                    out[(a, q)] = (r.prompt_n + fork_n, fork_n, r.kind)
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, errors
+        assert sorted(out) == sorted(jobs)
+        print(f"\n[{arch} {order} name={naming}] (evaluated, of them at the fork, kind): "
+              f"{[(j, out[j]) for j in jobs]}")
+        for a in range(N_ARTICLES):
+            mine = [out[(a, q)] for q in range(len(ASKED))]
+            evaluated = sum(m[0] for m in mine)
+            own = sum(n_own[(a, q)] for q in range(len(ASKED)))
+            # Plain llama-server: 5 * article + own. At most 3 articles' worth here, and the fork's state is stored.
+            assert evaluated <= 3 * n_article[a] + own + SLACK * len(ASKED), (a, evaluated, n_article[a], own, mine)
+            # One request stored the state at the fork (others leaving there waited for it)...
+            assert sum(1 for m in mine if m[1]) == 1, mine
+            # ... and at least two continued it: their own tokens alone (which two depends on who ran together).
+            cheap = [q for q in range(len(ASKED)) if out[(a, q)][0] <= n_own[(a, q)] + SLACK]
+            assert len(cheap) >= 2, (a, mine, n_own)
+        assert metric(h.url, "kvstore_fork_states_total") >= N_ARTICLES
+        names = {s["name"] for s in get(h.url, "/kvstore/states").json["states"]}
+        assert sum(1 for n in names if n.startswith("fork-")) >= N_ARTICLES, names
