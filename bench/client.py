@@ -26,6 +26,9 @@ class Result:
     kv_cache: str = ""  # X-KV-Cache reply header (kvstore only)
     prompt_ms: float = 0.0  # llama-server's own time evaluating the prompt tokens it evaluated (timings)
     server: str = ""  # who answered: a balancer's X-KV-Server reply header, else the URL asked
+    # Of prompt_n, the tokens kvstore evaluated first to store a state at a fork (X-KV-Fork-Evaluated; a model
+    # with a recurrent section), which llama-server's timings for the reply do not count.
+    fork_n: int = 0
 
 
 def post_json(url: str, body: dict, headers: Optional[dict] = None, timeout: float = 600) -> dict:
@@ -67,6 +70,7 @@ class _Stream:
     total_s: float
     kv_cache: str
     server: str
+    fork_n: int
 
 
 def _stream(base: str, path: str, body: dict, headers: Optional[dict], on_chunk) -> _Stream:
@@ -79,12 +83,13 @@ def _stream(base: str, path: str, body: dict, headers: Optional[dict], on_chunk)
     with urllib.request.urlopen(req, timeout=900) as r:
         kv = r.headers.get("X-KV-Cache", "")
         server = r.headers.get("X-KV-Server") or base
+        fork_n = int(r.headers.get("X-KV-Fork-Evaluated") or 0)
         for chunk in _sse(r):
             if ttft is None:
                 ttft = time.perf_counter() - t0
             on_chunk(chunk)
     total = time.perf_counter() - t0
-    return _Stream(ttft if ttft is not None else total, total, kv, server)
+    return _Stream(ttft if ttft is not None else total, total, kv, server, fork_n)
 
 
 def chat(base: str, api: str, system: str, messages: list, max_tokens: int,
@@ -117,8 +122,9 @@ def chat(base: str, api: str, system: str, messages: list, max_tokens: int,
         prompt_n, cache_n = int(usage.get("input_tokens", 0)), int(usage.get("cache_read_input_tokens", 0))
     else:
         prompt_n, cache_n = int(timings.get("prompt_n", 0)), int(timings.get("cache_n", 0))
-    return Result(prompt_n=prompt_n, cache_n=cache_n, ttft_s=st.ttft_s, total_s=st.total_s, text="".join(text),
-                  kv_cache=st.kv_cache, server=st.server, prompt_ms=float(timings.get("prompt_ms") or 0.0))
+    return Result(prompt_n=prompt_n + st.fork_n, cache_n=cache_n, ttft_s=st.ttft_s, total_s=st.total_s,
+                  text="".join(text), kv_cache=st.kv_cache, server=st.server,
+                  prompt_ms=float(timings.get("prompt_ms") or 0.0), fork_n=st.fork_n)
 
 
 def complete(base: str, prompt: str, n_predict: int, extra: Optional[dict] = None,
@@ -136,6 +142,6 @@ def complete(base: str, prompt: str, n_predict: int, extra: Optional[dict] = Non
             timings.update(chunk["timings"])
 
     st = _stream(base, "/completion", body, headers, on_chunk)
-    return Result(prompt_n=int(timings.get("prompt_n", 0)), cache_n=int(timings.get("cache_n", 0)),
+    return Result(prompt_n=int(timings.get("prompt_n", 0)) + st.fork_n, cache_n=int(timings.get("cache_n", 0)),
                   ttft_s=st.ttft_s, total_s=st.total_s, text="".join(text), tokens=tokens, kv_cache=st.kv_cache,
-                  server=st.server, prompt_ms=float(timings.get("prompt_ms") or 0.0))
+                  server=st.server, prompt_ms=float(timings.get("prompt_ms") or 0.0), fork_n=st.fork_n)

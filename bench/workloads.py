@@ -187,6 +187,7 @@ def run_w2(target, p: dict, order: str, parents: bool, naming: str = "question",
             head_tokens = tokenize(target.url, head)
             r = post_json(f"{target.url_for(a, 0)}/kvstore/states/a{a}", {"prompt": head})
             pn = int((r.get("timings") or {}).get("prompt_n", r.get("prompt_n", len(head_tokens))))
+            pn += int(r.get("fork_evaluated") or 0)  # a state stored at a fork on the way (recurrent models)
             primed[a] = (pn, head_tokens)
 
     def one(aq):
