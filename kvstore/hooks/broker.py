@@ -297,6 +297,16 @@ class Broker:
             hint, looked_up = await self.lookup(ns, tokens), True
         if hint is not None:
             shared = max(shared, int(hint["n_common"]))
+        # So do a request of the namespace under way and a slot's unsaved content (questions on one article sent
+        # together): stored at the fork by this one, it serves those that come after both (never another
+        # namespace's: its prompts must not shape this one's).
+        for s in self.table.slots:
+            if s is lease.slot:
+                continue
+            if s.busy and s.inflight_namespace == ns:
+                shared = max(shared, common_prefix(s.inflight, tokens))
+            elif not s.busy and s.owner == ns:
+                shared = max(shared, common_prefix(s.tokens, tokens))
         whole = await self.lookup(ns, tokens, whole=True)
         served = max(lease.lcp, int(whole["n_tokens"]) if whole else 0)
         at = fork.point(len(tokens), shared, served, self.block_size)
