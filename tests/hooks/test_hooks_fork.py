@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from corpus import ARTICLES, QUESTIONS
-from hooks_support import complete, get, hooks, metric, stack, tiny_engine, tokenize
+from hooks_support import complete, get, hooks, metric, post, stack, tiny_engine, tokenize
 
 ASKED = [*QUESTIONS, "Question: Which word in the text is the longest? Answer:",
          "Question: Is the text about nature? Answer:"]
@@ -98,3 +98,23 @@ def test_a_state_at_a_fork_serves_only_its_own_namespace(tmp_path):
         assert not any(n.startswith("fork-") for n in names_b), names_b
         second, fork_n = ask("tenant-b", 1)
         assert fork_n >= n_article - 2, (second.headers, fork_n)  # B evaluates the article again for its own fork
+
+
+def test_a_users_state_under_a_forks_name_is_never_overwritten(tmp_path):
+    """A user's own state stored under the very name a state at a fork would take is kept as it was: the fork is
+    not stored over it, and the questions are still answered."""
+    from kvstore.hooks import fork
+
+    store = tmp_path / "store"
+    srv = tiny_engine("lfm2", store, tmp_path / "models")
+    with stack(srv, hooks(srv.url, store)) as (_, h):
+        t0, t1 = (tokenize(h.url, ARTICLES[0] + ASKED[q]) for q in (0, 1))
+        at = next(i for i, (a, b) in enumerate(zip(t0, t1)) if a != b)  # where the second question leaves the first
+        taken = fork.name(t1[:at])
+        assert post(h.url, f"/kvstore/states/{taken}", {"prompt": ARTICLES[1]}).status == 200
+        mine = get(h.url, f"/kvstore/states/{taken}").json
+        for q in range(3):
+            r = complete(h.url, ARTICLES[0] + ASKED[q], name=f"q{q}", n_predict=4)
+            assert "X-KV-Fork-Evaluated" not in r.headers, dict(r.headers)
+        kept = get(h.url, f"/kvstore/states/{taken}").json
+        assert (kept["manifest_id"], kept["n_tokens"]) == (mine["manifest_id"], mine["n_tokens"]), (mine, kept)
