@@ -19,6 +19,7 @@ from typing import Mapping, Optional, Sequence
 
 from kvstore.errors import NameNotFound
 
+from . import fork
 from .naming import Naming
 from .slot import Lease, common_prefix
 from .store import AsyncStore
@@ -48,7 +49,7 @@ def applies(fingerprint: Mapping[str, str], layout: Optional[str]) -> bool:
     """Cut only an attention-only SWA cache: the model has a sliding window, and the server's layout (once known)
     has no recurrent section, whose state is one value for the whole sequence (docs/design.md "Recurrent and
     hybrid models"; the store refuses such a cut too)."""
-    return int(fingerprint.get("n_swa") or 0) > 0 and "rec[" not in (layout or "")
+    return int(fingerprint.get("n_swa") or 0) > 0 and not fork.applies(layout)
 
 
 def extension_only(fingerprint: Mapping[str, str], layout: Optional[str]) -> bool:
@@ -56,7 +57,7 @@ def extension_only(fingerprint: Mapping[str, str], layout: Optional[str]) -> boo
     (a fork inside the window rolls back to a checkpoint before it, or re-evaluates everything) and with a
     recurrent section (its state is one value for the whole sequence: no rolling back at all). On a
     full-attention model any common prefix is kept (the cells past it are simply dropped)."""
-    return int(fingerprint.get("n_swa") or 0) > 0 or "rec[" in (layout or "")
+    return int(fingerprint.get("n_swa") or 0) > 0 or fork.applies(layout)
 
 
 def forks_served(fingerprint: Mapping[str, str], layout: Optional[str]) -> bool:

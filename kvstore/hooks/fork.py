@@ -25,7 +25,8 @@ PREFIX = "fork-"
 
 
 def applies(layout: Optional[str]) -> bool:
-    """The server's layout (once known) has a recurrent section."""
+    """The server's layout (once known) has a recurrent section: the one test of it (`cut.py` asks it too: such a
+    state is never cut)."""
     return "rec[" in (layout or "")
 
 

@@ -112,7 +112,7 @@ class Transfer:
         """Save a slot being handed to another request: once llama-server has written the file the slot is free,
         and the ingest runs behind (hooks/behind.py; synchronously when `store.behind` is None). Returns
         llama-server's reply as `save` plus `behind: True`, or the ingest report as `save()` does."""
-        return await self._save(slot, None, None, behind=self.store.behind is not None)
+        return await self.save(slot, behind=True)
 
     async def _save(self, slot: Slot, name: Optional[str], namespace: Optional[str], *, behind: bool
                     ) -> Optional[dict]:
