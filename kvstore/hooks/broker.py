@@ -78,6 +78,18 @@ class Ask:
     saves: int = 0  # `Transfer.saves` of the namespace when the prefix was looked up
 
 
+@dataclass
+class ForkPlan:
+    """`Broker._fork_plan`'s answer for a recurrent model's named request (hooks/fork.py)."""
+
+    hint: Optional[dict]  # the stored state to restore from when neither the name nor the parent is
+    looked_up: bool
+    at: Optional[int] = None  # where to store a state at the fork on the way
+    only_whole: bool = False  # the hint (a state the prompt extends all of) serves more than the name or parent
+    # `_parent_serves_better`'s answer, when the plan read both states (so `_bring` does not read them again)
+    parent_better: Optional[bool] = None
+
+
 class Broker:
     def __init__(self, up: Upstream, store: AsyncStore, transfer: Transfer, table: SlotTable, metrics: Metrics, *,
                  resume_at_end: bool = False, fork_states: bool = True):
@@ -196,13 +208,11 @@ class Broker:
             # ingest may still run behind: look them up once it is in (as when the save came first). A returning
             # user's prefetched state needs no lookup and so does not wait.
             await self.store.settled_namespace(naming.namespace)
-        forking: Optional[tuple[str, str]] = None
-        only_whole = False
+        plan, forking = ForkPlan(hint, looked_up), None
         if naming.name and self.fork_states and fork.applies(self.transfer.layout):
-            hint, looked_up, only_whole, forking = await self._plan_fork(lease, naming, await tokens_fn() or [], hint,
-                                                                         looked_up)
+            plan, forking = await self._plan_fork(lease, naming, await tokens_fn() or [], hint, looked_up)
         try:
-            kind, n_restored = await self._bring(lease, naming, tokens_fn, hint, looked_up, prefetched, only_whole)
+            kind, n_restored = await self._bring(lease, naming, tokens_fn, plan, prefetched)
             if forking is not None:
                 await self._store_fork(lease, *forking, self._forking[forking][0])
         finally:
@@ -210,18 +220,23 @@ class Broker:
                 self._forking.pop(forking)[1].set()
         return kind, n_restored
 
-    async def _bring(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, hint: Optional[dict], looked_up: bool,
-                     prefetched: Optional[Prefetch], only_whole: bool) -> tuple[str, int]:
-        """`prepare`'s restore: a cut (SWA), the name, the parent, else the lookup's hit. `only_whole`: the hit
-        (a state the prompt extends all of, on a recurrent model) serves more than the name or the parent could."""
+    async def _bring(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, plan: ForkPlan,
+                     prefetched: Optional[Prefetch]) -> tuple[str, int]:
+        """`prepare`'s restore: a cut (SWA), the name, the parent, else the lookup's hit (`plan.hint`; on a
+        recurrent model with `plan.only_whole`, a state the prompt extends all of, which serves more than the name
+        or the parent could)."""
         ns, slot = naming.namespace, lease.slot
+        hint, looked_up, only_whole = plan.hint, plan.looked_up, plan.only_whole
         try:
             if cut.applies(self.transfer.fingerprint, self.transfer.layout):  # SWA: cut at the common prefix
                 with contextlib.suppress(NotStored):
                     done = await self._restore_cut(lease, naming, await tokens_fn(), hint, prefetched)
                     if done is not None:
                         return done
-            if naming.name and not only_whole and not await self._parent_serves_better(naming, tokens_fn):
+            parent_better = plan.parent_better
+            if parent_better is None and naming.name and not only_whole:
+                parent_better = await self._parent_serves_better(naming, tokens_fn)
+            if naming.name and not only_whole and not parent_better:
                 with contextlib.suppress(NotStored):
                     if not await self._worth_name(lease, ns, naming.name):
                         return self._recomputed(lease)
@@ -249,50 +264,42 @@ class Broker:
         return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
 
     async def _plan_fork(self, lease: Lease, naming: Naming, tokens: list[int], hint: Optional[dict],
-                         looked_up: bool) -> tuple[Optional[dict], bool, bool, Optional[tuple[str, str]]]:
-        """`_fork_plan`, then the claim on the state at the fork, if one is to be stored (the caller stores it and
-        lets the claim go): (hint, looked up, only_whole, the claim's key). A state at the fork that another request
-        is storing is waited for and restored instead; none is stored where the cost model would not restore it."""
+                         looked_up: bool) -> tuple[ForkPlan, Optional[tuple[str, str]]]:
+        """`_fork_plan`, then the claim on the state at the fork, if one is to be stored (the caller stores it at
+        `plan.at` and lets the claim go): (the plan, the claim's key). A state at the fork that another request is
+        storing is waited for and restored instead; none is stored where the cost model would not restore it."""
         ns = naming.namespace
-        planned = await self._fork_plan(lease, naming, tokens, hint, looked_up)
-        at = planned[2]
-        if at is not None and await self._fork_under_way(ns, tokens, at):
-            planned = await self._fork_plan(lease, naming, tokens, hint, looked_up)  # it is stored now
-            at = planned[2]
+        plan = await self._fork_plan(lease, naming, tokens, hint, looked_up)
+        if plan.at is not None and await self._fork_under_way(ns, tokens, plan.at):
+            plan = await self._fork_plan(lease, naming, tokens, hint, looked_up)  # it is stored now
         forking = None
-        if at is not None and self.transfer.cost.decide(at, at).restore:
-            forking = self._claim_fork(ns, tokens[:at])
+        if plan.at is not None and self.transfer.cost.decide(plan.at, plan.at).restore:
+            forking = self._claim_fork(ns, tokens[:plan.at])
             if forking is not None and await self.stored(*forking):
                 self._forking.pop(forking)[1].set()  # stored since this plan (or a user's name: kept)
                 forking = None
             if forking is None:  # stored, or being stored by another request: restore it once it is
-                await self._fork_under_way(ns, tokens, at)
-                planned = await self._fork_plan(lease, naming, tokens, hint, looked_up)
-        hint, looked_up, _, only_whole = planned
-        return hint, looked_up, only_whole, forking
+                await self._fork_under_way(ns, tokens, plan.at)
+                plan = await self._fork_plan(lease, naming, tokens, hint, looked_up)
+        return plan, forking
 
     async def _fork_plan(self, lease: Lease, naming: Naming, tokens: Optional[list[int]], hint: Optional[dict],
-                         looked_up: bool) -> tuple[Optional[dict], bool, Optional[int], bool]:
-        """A recurrent model's named request (hooks/fork.py): returns (the hint to restore from, looked up, where to
-        store a state on the way, whether that hint serves more than the name or parent). A prompt that extends its
-        own stored state or its parent's goes on as before. Otherwise the prompt is served from the longest state
-        it extends all of (`lookup(whole=True)`), not from the state it shares the most with, which llama-server
-        could continue only from a checkpoint before the fork (and rarely has one there) — unless that one shares a
-        block more: then it is restored as before, for such a checkpoint, and a state is stored at the fork."""
+                         looked_up: bool) -> ForkPlan:
+        """A recurrent model's named request (hooks/fork.py). A prompt that extends its own stored state or its
+        parent's goes on as before. Otherwise the prompt is served from the longest state it extends all of
+        (`lookup(whole=True)`), not from the state it shares the most with, which llama-server could continue only
+        from a checkpoint before the fork (and rarely has one there) — unless that one shares a block more: then it
+        is restored as before, for such a checkpoint, and a state is stored at the fork."""
         if not tokens:
-            return hint, looked_up, None, False
+            return ForkPlan(hint, looked_up)
         ns = naming.namespace
-        shared = lease.lcp
-        for n in (naming.name, naming.parent):
-            if not n:
-                continue
-            try:
-                held = await self.store.tokens(n, namespace=ns)
-            except NameNotFound:
-                continue
-            if extends(held, tokens):
-                return hint, looked_up, None, False
-            shared = max(shared, common_prefix(held, tokens))
+        own = await self._held(ns, naming.name)
+        if own is not None and extends(own, tokens):
+            return ForkPlan(hint, looked_up, parent_better=False)
+        parent = await self._held(ns, naming.parent) if naming.parent else None
+        if parent is not None and extends(parent, tokens):
+            return ForkPlan(hint, looked_up, parent_better=own is not None)  # as `_parent_serves_better` says
+        shared = max([lease.lcp] + [common_prefix(held, tokens) for held in (own, parent) if held is not None])
         if not looked_up:
             hint, looked_up = await self.lookup(ns, tokens), True
         if hint is not None:
@@ -311,8 +318,17 @@ class Broker:
         served = max(lease.lcp, int(whole["n_tokens"]) if whole else 0)
         at = fork.point(len(tokens), shared, served, self.block_size)
         if whole is None:
-            return hint, looked_up, at, False
-        return whole, True, at, at is None
+            return ForkPlan(hint, looked_up, at, parent_better=False)
+        return ForkPlan(whole, True, at, only_whole=at is None, parent_better=False)
+
+    async def _held(self, namespace: str, name: Optional[str]) -> Optional[list[int]]:
+        """The tokens of a stored state, None when the name is not stored (or not given)."""
+        if not name:
+            return None
+        try:
+            return await self.store.tokens(name, namespace=namespace)
+        except NameNotFound:
+            return None
 
     async def _fork_under_way(self, namespace: str, tokens: list[int], at: int) -> bool:
         """Wait for a state at a fork that another request is evaluating and storing, of which this prompt extends
@@ -408,12 +424,9 @@ class Broker:
         tokens = await tokens_fn()
         if not tokens:
             return False
-        try:
-            own = await self.store.tokens(naming.name, namespace=naming.namespace)
-            parent = await self.store.tokens(naming.parent, namespace=naming.namespace)
-        except NameNotFound:
-            return False
-        return not extends(own, tokens) and extends(parent, tokens)
+        own = await self._held(naming.namespace, naming.name)
+        parent = await self._held(naming.namespace, naming.parent) if own is not None else None
+        return own is not None and parent is not None and not extends(own, tokens) and extends(parent, tokens)
 
     async def _restore_cut(self, lease: Lease, naming: Naming, tokens: Optional[list[int]], hint: Optional[dict],
                            prefetched: Optional[Prefetch] = None) -> Optional[tuple[str, int]]:
