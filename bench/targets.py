@@ -175,9 +175,10 @@ class Target:
         self.procs = []
 
     def restart(self) -> None:
-        # Counters live in the process: keep what this run counted before the restart.
-        for k, v in self._live_metrics().items():
-            self._carried[k] = self._carried.get(k, 0.0) + v
+        # Counters live in the process: keep what this run counted before the restart. Gauges (the store's bytes
+        # and names, the queue) are not carried: after the restart the live value is the whole value, and a sum
+        # over restarts would report a store larger than its disk holds (W3 with --max-size did, before).
+        carry_counters(self._carried, self._live_metrics(), self._gauges())
         self.stop()
         self.start()
 
@@ -199,6 +200,20 @@ class Target:
         for k, v in self._live_metrics().items():
             out[k] = out.get(k, 0.0) + v
         return out
+
+    def _gauges(self) -> set:
+        """The metric families the servers declare as gauges (`# TYPE name gauge`)."""
+        names: set = set()
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                    for line in r.read().decode().splitlines():
+                        parts = line.split()
+                        if parts[:2] == ["#", "TYPE"] and len(parts) == 4 and parts[3] == "gauge":
+                            names.add(parts[2])
+            except OSError:
+                pass
+        return names
 
     def _live_metrics(self) -> dict:
         """Summed over the servers."""
@@ -229,6 +244,14 @@ class Target:
     def close(self) -> None:
         self.stop()
         self.log.close()
+
+
+def carry_counters(carried: dict, live: dict, gauges: set) -> None:
+    """Add to `carried` the samples of `live` ({sample: value}, labels included in the key) that count: every
+    family but the `gauges` (a gauge's value after a restart is the whole value)."""
+    for key, value in live.items():
+        if key.split("{", 1)[0] not in gauges:
+            carried[key] = carried.get(key, 0.0) + value
 
 
 def workdir() -> Path:

@@ -1,6 +1,7 @@
-"""bench's arithmetic over rows: the "x its tokens evaluated alone" figure (bench/workloads.py `alone_ratio`) and
-W2's side-by-side table (bench/__main__.py `w2_matrix`)."""
+"""bench's arithmetic over rows: the "x its tokens evaluated alone" figure (bench/workloads.py `alone_ratio`),
+W2's side-by-side table (bench/__main__.py `w2_matrix`), and what a restart carries (bench/targets.py)."""
 from bench import workloads
+from bench.targets import carry_counters
 from bench.__main__ import add_alone_ratios, w2_label, w2_matrix
 
 
@@ -46,3 +47,16 @@ def test_w2_matrix_puts_each_variant_in_its_row_and_each_target_in_its_column():
     assert lines[4] == "| question-major, name = article, 2 in flight | 3.500 | - | 1.000 |"
     assert len(lines) == 5
     assert w2_matrix(rows[:1]) == []  # one variant: nothing to set side by side
+
+
+def test_a_restart_carries_counters_and_not_gauges():
+    """W3 restarts its targets: counters add up over the restarts, a gauge (the store's bytes) is the live value
+    (before, W3's `--max-size` rows summed the store's bytes before and after the restart: 111.2 MiB of objects
+    reported under a 76.8 MiB cap that the disk kept)."""
+    carried: dict = {}
+    before = {"kvstore_store_bytes": 70.0, 'kvstore_evictions_total{reason="cap"}': 3.0,
+              "kvstore_restore_seconds_count": 5.0}
+    carry_counters(carried, before, {"kvstore_store_bytes", "kvstore_queue_length"})
+    assert carried == {'kvstore_evictions_total{reason="cap"}': 3.0, "kvstore_restore_seconds_count": 5.0}
+    carry_counters(carried, {'kvstore_evictions_total{reason="cap"}': 2.0}, {"kvstore_store_bytes"})
+    assert carried['kvstore_evictions_total{reason="cap"}'] == 5.0
