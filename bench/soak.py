@@ -13,8 +13,9 @@ flight) and started again on the same store K times.
 Checked (each failure is listed; the exit status is 1 if any):
 - every request answered within its timeout: 200, or 503 with Retry-After (sent again), or a 4xx for a bad one;
 - a tenant reuses only what it sent: a reply's `cache_n` never passes what that tenant's conversation had reached
-  (prompt and reply tokens) in the requests it sent before that reply came, plus `SHARED_HEAD` tokens (the chat
-  template's and BOS tokens its other conversations share);
+  (prompt and reply tokens) in the requests it sent before that reply came, plus the tokens evaluated for the
+  request itself on the way (`X-KV-Fork-Evaluated`) and `SHARED_HEAD` tokens (the chat template's and BOS tokens
+  its other conversations share);
 - a committed state is kept: after each restart every pinned user (and every user, without a cap) is stored with
   at least the prompt tokens of its last answered turn;
 - the disk: the store's objects, sampled every `SAMPLE_S`, never pass `--max-size`;
@@ -71,6 +72,9 @@ class Sent:
     prompt_n: int = 0
     cache_n: int = 0
     predicted_n: int = 0
+    # Of the prompt, the tokens kvstore evaluated first to store a state on the way (X-KV-Fork-Evaluated, a model
+    # with a recurrent section): llama-server's timings for the reply count them as cached.
+    fork_n: int = 0
     kv_cache: str = ""
     retries: int = 0
     error: str = ""
@@ -265,7 +269,7 @@ class Soak:
         while True:
             attempt = time.monotonic()
             try:
-                doc, kv, status = _post(http, path, body, headers, stream)
+                doc, kv, status, fork_n = _post(http, path, body, headers, stream)
             except httpx.TransportError as e:
                 if self.gate.is_set():
                     raise RuntimeError(f"{path}: {type(e).__name__} {e}") from None
@@ -284,7 +288,7 @@ class Soak:
                 time.sleep(1.0)
                 continue
             break
-        s.t_done, s.status, s.kv_cache = time.monotonic(), status, kv
+        s.t_done, s.status, s.kv_cache, s.fork_n = time.monotonic(), status, kv, fork_n
         if status == 200:
             _figures(s, doc)
         return doc
@@ -421,7 +425,7 @@ class Soak:
                 continue
             own = [r.reached for r in self.sent if r is not s and r.tenant == s.tenant and r.conv == s.conv
                    and r.t_sent < s.t_done and r.status == 200]
-            bound = max(own, default=0) + SHARED_HEAD
+            bound = max(own, default=0) + s.fork_n + SHARED_HEAD
             if s.cache_n > bound:
                 self.failures.append(f"{s.tenant} {s.conv} ({s.kind}, {s.api}): cache_n {s.cache_n} passes "
                                      f"the {bound} tokens its own tenant had sent")
@@ -439,8 +443,8 @@ class Soak:
                 "requests": len(self.sent), "answered": len(ok),
                 "bad_requests": sum(s.kind == "bad" for s in self.sent),
                 "retried_503_or_restart": sum(s.retries for s in self.sent),
-                "kv_cache": kinds, "prompt_tokens_evaluated": sum(s.prompt_n for s in ok),
-                "prompt_tokens_per_request": round(sum(s.prompt_n for s in ok) / max(1, len(ok)), 1),
+                "kv_cache": kinds, "prompt_tokens_evaluated": sum(s.prompt_n + s.fork_n for s in ok),
+                "prompt_tokens_per_request": round(sum(s.prompt_n + s.fork_n for s in ok) / max(1, len(ok)), 1),
                 "user_turns": sum(s.kind == "user" for s in ok), "questions": sum(s.kind == "question" for s in ok),
                 "restarts": self.restarts, "evictions": self.evictions, "max_size": self.max_size,
                 "samples_over_cap_while_unmet": self.over_unmet, "max_objects_bytes": self.max_objects,
@@ -456,21 +460,21 @@ def _auth(tenant: str) -> dict:
 
 
 def _post(http: httpx.Client, path: str, body: dict, headers: dict, stream: bool):
-    """(the reply's JSON, with a stream's events merged; X-KV-Cache; status)."""
+    """(the reply's JSON, with a stream's events merged; X-KV-Cache; status; X-KV-Fork-Evaluated)."""
     if not stream:
         r = http.post(path, json=body, headers=headers)
         try:
             doc = r.json()
         except ValueError:
             doc = {"raw": r.text[:300]}
-        return doc, r.headers.get("X-KV-Cache", ""), r.status_code
+        return doc, r.headers.get("X-KV-Cache", ""), r.status_code, int(r.headers.get("X-KV-Fork-Evaluated") or 0)
     with http.stream("POST", path, json=body, headers=headers) as r:
         if r.status_code != 200:
             r.read()
             try:
-                return r.json(), "", r.status_code
+                return r.json(), "", r.status_code, 0
             except ValueError:
-                return {"raw": r.text[:300]}, "", r.status_code
+                return {"raw": r.text[:300]}, "", r.status_code, 0
         merged: dict = {"content": "", "events": 0}
         for line in r.iter_lines():
             if not line.startswith("data:") or line[5:].strip() == "[DONE]":
@@ -490,7 +494,7 @@ def _post(http: httpx.Client, path: str, body: dict, headers: dict, stream: bool
                 merged["timings"] = ev["timings"]
         if not merged["events"]:
             raise RuntimeError(f"{path}: a stream with no event")
-        return merged, r.headers.get("X-KV-Cache", ""), 200
+        return merged, r.headers.get("X-KV-Cache", ""), 200, int(r.headers.get("X-KV-Fork-Evaluated") or 0)
 
 
 def _figures(s: Sent, doc: dict) -> None:
