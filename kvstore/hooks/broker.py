@@ -197,7 +197,8 @@ class Broker:
         return Ask(tokens, hint, better, True, own_stored=False if naming.name is not None else None, saves=saves)
 
     async def prepare(self, lease: Lease, naming: Naming, tokens_fn: TokensFn, hint: Optional[dict],
-                      looked_up: bool = False, prefetched: Optional[Prefetch] = None) -> tuple[str, int]:
+                      looked_up: bool = False, prefetched: Optional[Prefetch] = None, *, guess: bool = True
+                      ) -> tuple[str, int]:
         """Bring the best stored state into the leased slot. Returns (X-KV-Cache kind, tokens restored)."""
         if lease.resident:
             return "slot", 0
@@ -210,7 +211,7 @@ class Broker:
             await self.store.settled_namespace(naming.namespace)
         plan, forking = ForkPlan(hint, looked_up), None
         if naming.name and self.fork_states and fork.applies(self.transfer.layout):
-            plan, forking = await self._plan_fork(lease, naming, await tokens_fn() or [], hint, looked_up)
+            plan, forking = await self._plan_fork(lease, naming, await tokens_fn() or [], hint, looked_up, guess)
         try:
             kind, n_restored = await self._bring(lease, naming, tokens_fn, plan, prefetched)
             if forking is not None:
@@ -264,14 +265,14 @@ class Broker:
         return ("slot", 0) if lease.lcp > 0 else ("miss", 0)
 
     async def _plan_fork(self, lease: Lease, naming: Naming, tokens: list[int], hint: Optional[dict],
-                         looked_up: bool) -> tuple[ForkPlan, Optional[tuple[str, str]]]:
+                         looked_up: bool, guess: bool) -> tuple[ForkPlan, Optional[tuple[str, str]]]:
         """`_fork_plan`, then the claim on the state at the fork, if one is to be stored (the caller stores it at
         `plan.at` and lets the claim go): (the plan, the claim's key). A state at the fork that another request is
         storing is waited for and restored instead; none is stored where the cost model would not restore it."""
         ns = naming.namespace
-        plan = await self._fork_plan(lease, naming, tokens, hint, looked_up)
+        plan = await self._fork_plan(lease, naming, tokens, hint, looked_up, guess)
         if plan.at is not None and await self._fork_under_way(ns, tokens, plan.at):
-            plan = await self._fork_plan(lease, naming, tokens, hint, looked_up)  # it is stored now
+            plan = await self._fork_plan(lease, naming, tokens, hint, looked_up, guess)  # it is stored now
         forking = None
         if plan.at is not None and self.transfer.cost.decide(plan.at, plan.at).restore:
             forking = self._claim_fork(ns, tokens[:plan.at])
@@ -280,11 +281,11 @@ class Broker:
                 forking = None
             if forking is None:  # stored, or being stored by another request: restore it once it is
                 await self._fork_under_way(ns, tokens, plan.at)
-                plan = await self._fork_plan(lease, naming, tokens, hint, looked_up)
+                plan = await self._fork_plan(lease, naming, tokens, hint, looked_up, guess)
         return plan, forking
 
     async def _fork_plan(self, lease: Lease, naming: Naming, tokens: Optional[list[int]], hint: Optional[dict],
-                         looked_up: bool) -> ForkPlan:
+                         looked_up: bool, guess: bool) -> ForkPlan:
         """A recurrent model's named request (hooks/fork.py). A prompt that extends its own stored state or its
         parent's goes on as before. Otherwise the prompt is served from the longest state it extends all of
         (`lookup(whole=True)`), not from the state it shares the most with, which llama-server could continue only
@@ -317,6 +318,8 @@ class Broker:
         whole = await self.lookup(ns, tokens, whole=True)
         served = max(lease.lcp, int(whole["n_tokens"]) if whole else 0)
         at = fork.point(len(tokens), shared, served, self.block_size)
+        if at is None and own is None and guess:  # a name's first prompt: a state a block before its end
+            at = fork.guess(len(tokens), served, self.block_size)
         if whole is None:
             return ForkPlan(hint, looked_up, at, parent_better=False)
         return ForkPlan(whole, True, at, only_whole=at is None, parent_better=False)
@@ -460,11 +463,13 @@ class Broker:
             self.table.set_parent(slot, source)
 
     @contextlib.asynccontextmanager
-    async def hold(self, naming: Naming, tokens_fn: TokensFn, *, plan: bool = True
+    async def hold(self, naming: Naming, tokens_fn: TokensFn, *, plan: bool = True, guess: bool = True
                    ) -> AsyncIterator[tuple[Lease, str, int]]:
         """Hold a slot for a request and bring the best state into it: yields (lease, X-KV-Cache kind, restored).
 
         plan: consider in-place reuse of an idle slot's content (see plan()); False for never-named requests.
+        guess: a recurrent model's first prompt of a name stores a state a block before its end (fork.guess); not
+        for a prime, whose whole prompt is the state stored.
         """
         ask = await self.plan(naming, tokens_fn) if plan else Ask()
         # A stored state of the request's own name beats its parent resident in a slot: it holds more tokens.
@@ -487,7 +492,7 @@ class Broker:
                         await self.store.settled_namespace(naming.namespace)
                         ask.hint = await self.lookup(naming.namespace, ask.tokens)
                     kind, n_restored = await self.prepare(lease, naming, tokens_fn, ask.hint, ask.looked_up,
-                                                          prefetched)
+                                                          prefetched, guess=guess)
                     self.metrics.kind(kind)
                     yield lease, kind, n_restored
                 except UpstreamError:  # timed out or lost on the way: what the slot holds now is unknown
@@ -526,7 +531,7 @@ class Broker:
         tokens_fn = Once(lambda: self.prompt_tokens({"prompt": prompt}, False))
         if await tokens_fn() == []:  # llama-server would evaluate nothing, and the slot's old content be stored
             raise BadRequest("nothing to store: the prompt has no tokens")
-        async with self.hold(naming, tokens_fn) as (lease, kind, n_restored):
+        async with self.hold(naming, tokens_fn, guess=False) as (lease, kind, n_restored):
             slot = lease.slot
             try:
                 r = await self.up.completion(prompt, n_predict=0, id_slot=slot.id, cache_prompt=True, temperature=0)

@@ -3,15 +3,18 @@ leaves the stored states it shares the most with, the prompt up to that point is
 that the next prompt leaving there continues it (docs/hooks.md "Recurrent models: states at a fork").
 
 Contract: pure decisions and the state's name; nothing is evaluated, saved or restored here. `Broker` evaluates
-the prompt's first `point(...)` tokens (n_predict 0) in the request's slot, saves the slot under `name(...)` in
+the prompt's first `point(...)` (or, for a name's first prompt, `guess(...)`) tokens (n_predict 0) in the request's slot, saves the slot under `name(...)` in
 the request's namespace (never over a stored name), then forwards the request, which evaluates the rest.
 
 Why: llama-server continues a recurrent state only at its end, or at a checkpoint it made while evaluating it (4
 tokens before the end of each prompt, and at a chat's user-message starts): the state is one value for the whole
 sequence, so the store cannot cut it where a prompt leaves it, as it cuts a sliding-window cache (cut.py). So
 the questions of one article, named by the article or each by itself, would each evaluate the article again. A
-state at the fork costs one evaluation of the shared tokens (the second question's) and one save; every later
-prompt that leaves there restores it (`Store.lookup(whole=True)` finds it) and evaluates its own tokens alone.
+name's first prompt, which leaves nothing stored, stores a state a block before its end on the way (`guess`);
+the article's next question extends it all of, and evaluates from there. Where a prompt leaves a stored state a
+block or more past what it extends all of (`point`), the state at that fork is stored on the way. Each costs one
+save and no token (the prompt is evaluated in two parts); every later prompt leaving there restores it
+(`Store.lookup(whole=True)` finds it) and evaluates its own tokens, plus at most a block.
 """
 from __future__ import annotations
 
@@ -38,6 +41,18 @@ def point(n_prompt: int, shared: int, whole: int, block_size: int) -> Optional[i
     of the prompt's end (llama-server evaluates at least the last token: the request evaluates the rest)."""
     at = min(shared, n_prompt - 1)
     if at < 2 * block_size or at - whole < block_size:
+        return None
+    return at
+
+
+def guess(n_prompt: int, served: int, block_size: int) -> Optional[int]:
+    """Where to store a state on the way for a name's first prompt, which leaves nothing stored yet (P), or None:
+    a block before its end. The next prompt on the same text (the next question of an article) leaves this one
+    where its own tail begins; while that tail is at most a block long, this state is one it extends all of, and
+    it evaluates from here (a block at most, then its own tokens) instead of the whole article again. Costs one
+    save, no token: the prompt is evaluated in two parts instead of one. Worth it as `point` says."""
+    at = n_prompt - 1 - block_size
+    if at < 2 * block_size or at - served < block_size:
         return None
     return at
 

@@ -52,6 +52,13 @@ def test_fork_point_is_stored_only_two_blocks_in_a_block_past_what_is_served_who
     # Too little shared to be worth a save; never at the prompt's end (llama-server evaluates its last token).
     assert fork.point(n_prompt=96, shared=63, whole=0, block_size=32) is None
     assert fork.point(n_prompt=84, shared=84, whole=0, block_size=32) == 83
+    # A name's first prompt (nothing stored to leave): a block before its end, where the next question on the same
+    # article (its own tail under a block) still extends it; not for a prompt too short, nor a block from what is
+    # served whole already.
+    assert fork.guess(n_prompt=260, served=0, block_size=32) == 227
+    assert fork.guess(n_prompt=96, served=0, block_size=32) is None
+    assert fork.guess(n_prompt=260, served=200, block_size=32) is None
+    assert fork.guess(n_prompt=300, served=200, block_size=32) == 267
     # The name is the prefix's: the same tokens, the same name; others, another.
     assert fork.name([1, 2, 3]) == fork.name([1, 2, 3]) != fork.name([1, 2, 4])
     assert fork.name([1, 2, 3]).startswith(fork.PREFIX)
