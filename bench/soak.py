@@ -1,7 +1,7 @@
 """A soak: a user's traffic against the real `kvstore serve` for a while, with the product's promises checked.
 
 `python -m bench.soak [--model M] [--seconds S] [--clients N] [--slots N] [--max-size MIB] [--restarts K]
-[--out JSON]`
+[--bucket] [--out JSON]`
 
 What runs: `kvstore serve` (the embedded llama-server) with two tenants (a key file) whose clients send the same
 script, so that another tenant's cells would show in `cache_n`: users (one conversation each, named by the user,
@@ -20,6 +20,11 @@ Checked (each failure is listed; the exit status is 1 if any):
   at least the prompt tokens of its last answered turn;
 - the disk: the store's objects, sampled every `SAMPLE_S`, never pass `--max-size`;
 - at the end, `kvstore verify` finds every object whole.
+
+`--bucket`: the store in an S3 bucket (SeaweedFS on loopback) with a local cache. Measured there (SmolLM2, 120 s,
+48 MiB cap): every check but the cap held; the bucket held up to 6.4 MB more than the cap, in packs, while the
+cap could be met and the server's count was 42 MB. Not explained yet (two saves of one namespace uploading the same new object, kept
+until a prune; a prune's survivors uploaded before the old pack goes): the suite runs the soak on a local store.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -40,7 +46,7 @@ import httpx
 from kvstore.engine import free_port, wait_healthy
 from kvstore.models import model_path
 
-from .targets import ROOT, cleanup, workdir
+from .targets import BUCKET, ROOT, cleanup, seaweed, workdir
 from .text import paragraph, question, sentence
 
 SHARED_HEAD = 16  # tokens a tenant's conversations may share (BOS, the template's opening); each starts unique
@@ -104,7 +110,7 @@ class User:
 class Soak:
     def __init__(self, model: str, wd: Path, *, clients: int, slots: int, ctx: int, max_size_mib: float,
                  seed: int, users: int, articles: int, questions: int, n_predict: int, max_turns: int,
-                 one_namespace: bool = False, kill: bool = False):
+                 one_namespace: bool = False, kill: bool = False, bucket: bool = False):
         self.model, self.wd, self.clients, self.slots, self.ctx = model, wd, clients, slots, ctx
         self.max_size = int(max_size_mib * 2**20) if max_size_mib > 0 else 0
         self.n_predict, self.max_turns = n_predict, max_turns
@@ -119,6 +125,9 @@ class Soak:
         self.max_objects = 0
         self.restarts = 0
         self.store = wd / "store"
+        # bucket: the store is an S3 bucket (SeaweedFS on loopback, bench/targets.py) with a local cache.
+        self.remote = f"s3://{BUCKET}/soak-{uuid.uuid4().hex[:12]}" if bucket else None
+        self.env = seaweed().env() if bucket else None
         self.keys = wd / "keys"
         # one_namespace, kill: the checks' own checks. Both keys in one namespace must show as a leak; a restart by
         # SIGKILL loses the turns not saved yet, which must show as names not kept.
@@ -144,12 +153,14 @@ class Soak:
 
     # -- the server --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--store", str(self.store), "-m",
+        where = ["--store", self.remote, "--cache", str(self.wd / "cache")] if self.remote else \
+            ["--store", str(self.store)]
+        cmd = [sys.executable, "-m", "kvstore.cli", "serve", *where, "-m",
                str(model_path(self.model)), "-np", str(self.slots), "-c", str(self.ctx), "--port", str(self.port),
                "--api-key-file", str(self.keys), "--idle-save", "3"]
         if self.max_size:
             cmd += ["--max-size", str(self.max_size)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         proc = self.proc
         wait_healthy(self.url, timeout=180, alive=lambda: proc.poll() is None)
 
@@ -208,7 +219,12 @@ class Soak:
         """The objects' bytes on disk, scanned under the store's lock held exclusively, as `kvstore gc` holds it:
         a save holds it shared from its first object to its commit and an eviction exclusively, so the scan sees
         the objects between them, never an eviction's deletions and a save's new objects both (without the lock, a
-        scan during both counted 56 MB against a 48 MiB cap, with the server's count 43 MB after its eviction)."""
+        scan during both counted 56 MB against a 48 MiB cap, with the server's count 43 MB after its eviction).
+        A bucket: what it lists under the store's prefix, the smaller of two listings (its lock is an object in
+        the bucket; a listing of one page rarely straddles an eviction and a save)."""
+        if self.remote:
+            prefix = self.remote[len(f"s3://{BUCKET}/"):] + "/"
+            return min(seaweed().bucket_bytes(BUCKET, prefix) for _ in range(2))
         with open(self.store / "lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             return sum(p.stat().st_size for p in (self.store / "objects").rglob("*") if p.is_file())
@@ -410,8 +426,10 @@ class Soak:
         if rc != 0:
             self.failures.append(f"kvstore serve exited {rc} on SIGTERM at the end")
         self.check_tenancy()
-        verify = subprocess.run([sys.executable, "-m", "kvstore.cli", "verify", "--store", str(self.store),
-                                 "--json"], cwd=ROOT, capture_output=True, text=True)
+        where = ["--store", self.remote, "--cache", str(self.wd / "cache")] if self.remote else \
+            ["--store", str(self.store)]
+        verify = subprocess.run([sys.executable, "-m", "kvstore.cli", "verify", *where, "--json"], cwd=ROOT,
+                                capture_output=True, text=True, env=self.env)
         if verify.returncode != 0:
             self.failures.append(f"kvstore verify: exit {verify.returncode}: {verify.stdout[-500:]}"
                                  f"{verify.stderr[-500:]}")
@@ -439,7 +457,8 @@ class Soak:
             verified = json.loads(verify_out)
         except ValueError:
             verified = verify_out[-300:]
-        return {"model": self.model, "wall_s": round(wall_s, 1), "clients": self.clients, "slots": self.slots,
+        return {"model": self.model, "store": "bucket" if self.remote else "local", "wall_s": round(wall_s, 1),
+                "clients": self.clients, "slots": self.slots,
                 "requests": len(self.sent), "answered": len(ok),
                 "bad_requests": sum(s.kind == "bad" for s in self.sent),
                 "retried_503_or_restart": sum(s.retries for s in self.sent),
@@ -537,6 +556,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-turns", type=int, default=10)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", help="write the summary here as JSON")
+    p.add_argument("--bucket", action="store_true", help="the store in an S3 bucket (SeaweedFS on loopback)")
     p.add_argument("--one-namespace", action="store_true", help="a check of the checks: both tenants' keys in one "
                    "namespace (the tenancy check must fail)")
     p.add_argument("--kill", action="store_true", help="a check of the checks: restart by SIGKILL (turns not saved "
@@ -547,7 +567,7 @@ def main(argv=None) -> int:
         soak = Soak(args.model, wd, clients=args.clients, slots=args.slots, ctx=args.ctx,
                     max_size_mib=args.max_size, seed=args.seed, users=args.users, articles=args.articles,
                     questions=args.questions, n_predict=args.n_predict, max_turns=args.max_turns,
-                    one_namespace=args.one_namespace, kill=args.kill)
+                    one_namespace=args.one_namespace, kill=args.kill, bucket=args.bucket)
         res = soak.run(args.seconds, args.restarts)
     finally:
         cleanup(wd)
