@@ -153,10 +153,15 @@ class Soak:
         self.message_rng = random.Random(seed + 2)
 
     # -- the server --------------------------------------------------------------------------------------------
+    @property
+    def store_args(self) -> list[str]:
+        """`--store` (and an S3 store's `--cache`), as `serve` and `verify` take them."""
+        if self.remote:
+            return ["--store", self.remote, "--cache", str(self.wd / "cache")]
+        return ["--store", str(self.store)]
+
     def start(self) -> None:
-        where = ["--store", self.remote, "--cache", str(self.wd / "cache")] if self.remote else \
-            ["--store", str(self.store)]
-        cmd = [sys.executable, "-m", "kvstore.cli", "serve", *where, "-m",
+        cmd = [sys.executable, "-m", "kvstore.cli", "serve", *self.store_args, "-m",
                str(model_path(self.model)), "-np", str(self.slots), "-c", str(self.ctx), "--port", str(self.port),
                "--api-key-file", str(self.keys), "--idle-save", "3"]
         if self.max_size:
@@ -290,7 +295,8 @@ class Soak:
             except httpx.TransportError as e:
                 if self.gate.is_set():
                     raise RuntimeError(f"{path}: {type(e).__name__} {e}") from None
-                if attempt < self.closing_since and not self.kill:  # under way when SIGTERM came: it should have been finished
+                # under way when SIGTERM came: it should have been finished
+                if attempt < self.closing_since and not self.kill:
                     self.failures.append(f"{s.tenant} {s.conv} ({s.kind}) in flight at SIGTERM: cut "
                                          f"({type(e).__name__})")
                 s.retries += 1  # the server is restarting: sent again once it is back
@@ -427,9 +433,7 @@ class Soak:
         if rc != 0:
             self.failures.append(f"kvstore serve exited {rc} on SIGTERM at the end")
         self.check_tenancy()
-        where = ["--store", self.remote, "--cache", str(self.wd / "cache")] if self.remote else \
-            ["--store", str(self.store)]
-        verify = subprocess.run([sys.executable, "-m", "kvstore.cli", "verify", *where, "--json"], cwd=ROOT,
+        verify = subprocess.run([sys.executable, "-m", "kvstore.cli", "verify", *self.store_args, "--json"], cwd=ROOT,
                                 capture_output=True, text=True, env=self.env)
         if verify.returncode != 0:
             self.failures.append(f"kvstore verify: exit {verify.returncode}: {verify.stdout[-500:]}"

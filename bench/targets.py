@@ -178,7 +178,7 @@ class Target:
         # Counters live in the process: keep what this run counted before the restart. Gauges (the store's bytes
         # and names, the queue) are not carried: after the restart the live value is the whole value, and a sum
         # over restarts would report a store larger than its disk holds (W3 with --max-size did, before).
-        carry_counters(self._carried, self._live_metrics(), self._gauges())
+        carry_counters(self._carried, *self._scrape())
         self.stop()
         self.start()
 
@@ -201,28 +201,24 @@ class Target:
             out[k] = out.get(k, 0.0) + v
         return out
 
-    def _gauges(self) -> set:
-        """The metric families the servers declare as gauges (`# TYPE name gauge`)."""
-        names: set = set()
-        for url in self.urls:
-            try:
-                with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-                    for line in r.read().decode().splitlines():
-                        parts = line.split()
-                        if parts[:2] == ["#", "TYPE"] and len(parts) == 4 and parts[3] == "gauge":
-                            names.add(parts[2])
-            except OSError:
-                pass
-        return names
-
     def _live_metrics(self) -> dict:
         """Summed over the servers."""
+        return self._scrape()[0]
+
+    def _scrape(self) -> tuple[dict, set]:
+        """One read of each server's /metrics: the samples summed over the servers, and the families declared as
+        gauges (`# TYPE name gauge`)."""
         out: dict = {}
+        gauges: set = set()
         for url in self.urls:
             try:
                 with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
                     for line in r.read().decode().splitlines():
-                        if line and not line.startswith("#"):
+                        if line.startswith("#"):
+                            parts = line.split()
+                            if parts[:2] == ["#", "TYPE"] and len(parts) == 4 and parts[3] == "gauge":
+                                gauges.add(parts[2])
+                        elif line:
                             key, _, value = line.rpartition(" ")
                             try:
                                 out[key] = out.get(key, 0.0) + float(value)
@@ -230,7 +226,7 @@ class Target:
                                 pass
             except OSError:
                 pass
-        return out
+        return out, gauges
 
     def store_bytes(self) -> int:
         if self.remote:  # what the bucket holds under the store's prefix

@@ -3,8 +3,9 @@ leaves the stored states it shares the most with, the prompt up to that point is
 that the next prompt leaving there continues it (docs/hooks.md "Recurrent models: states at a fork").
 
 Contract: pure decisions and the state's name; nothing is evaluated, saved or restored here. `Broker` evaluates
-the prompt's first `point(...)` (or, for a name's first prompt, `guess(...)`) tokens (n_predict 0) in the request's slot, saves the slot under `name(...)` in
-the request's namespace (never over a stored name), then forwards the request, which evaluates the rest.
+the prompt's first `point(...)` (or, for a name's first prompt, `guess(...)`) tokens (n_predict 0) in the
+request's slot, saves the slot under `name(...)` in the request's namespace (never over a stored name), then
+forwards the request, which evaluates the rest.
 
 Why: llama-server continues a recurrent state only at its end, or at a checkpoint it made while evaluating it (4
 tokens before the end of each prompt, and at a chat's user-message starts): the state is one value for the whole
@@ -51,10 +52,7 @@ def guess(n_prompt: int, served: int, block_size: int) -> Optional[int]:
     where its own tail begins; while that tail is at most a block long, this state is one it extends all of, and
     it evaluates from here (a block at most, then its own tokens) instead of the whole article again. Costs one
     save, no token: the prompt is evaluated in two parts instead of one. Worth it as `point` says."""
-    at = n_prompt - 1 - block_size
-    if at < 2 * block_size or at - served < block_size:
-        return None
-    return at
+    return point(n_prompt, n_prompt - 1 - block_size, served, block_size)
 
 
 def name(tokens: Sequence[int]) -> str:
