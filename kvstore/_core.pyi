@@ -164,16 +164,19 @@ class Store:
     def remove(self, name: str, *, namespace: str = ...) -> bool: ...
     def touch(self, name: str, *, namespace: str = ...) -> None: ...
     def gc(self, *, grace_seconds: float = 3600.0, dry_run: bool = False) -> dict[str, Any]:
-        """{live_objects, dead_objects, freed_bytes, kept_young, removed_temp, dead_manifests, dry_run}.
+        """{live_objects, dead_objects, freed_bytes, kept_young, kept_packed, kept_packed_bytes, removed_temp,
+        dead_manifests, dry_run}.
         A dry run only plans (nothing changes); otherwise the plan is carried out under the store's exclusive lock."""
     def evict(self, *, max_bytes: Optional[int] = None, low_water: float = 0.9,
               quotas: Optional[dict[str, int]] = None, protect: Optional[Sequence[tuple[str, str]]] = None,
-              dry_run: bool = False) -> dict[str, Any]:
+              dry_run: bool = False, ceiling_bytes: Optional[int] = None) -> dict[str, Any]:
         """Keep the store within limits: expired names first, then namespaces over their quota, then the cap
         (the namespace furthest over its share loses its least recently used name that owns its bytes).
         {plan: {used_bytes, garbage_bytes, after_bytes, max_bytes, target_bytes, pinned_bytes, victims: [{namespace,
         name, reason, frees_bytes, last_used}], unmet, namespaces: [...]}, evicted, freed_bytes, dead_objects,
-        dry_run}. A dry run only plans; otherwise under the store's exclusive lock, then a sweep."""
+        kept_packed_bytes, dry_run}. A dry run only plans; otherwise under the store's exclusive lock, then a sweep
+        within `ceiling_bytes` (default `max_bytes`: a bucket leaves dead objects in packs it could not rewrite
+        below it, `kept_packed_bytes`, and evicts more while they pass `max_bytes`)."""
     def owned_bytes(self) -> builtins.list[tuple[str, str, int]]:
         """[(namespace, name, bytes)]: the stored bytes of each name's objects that no other name references, what
         evicting it now would free (counted as the cap counts them)."""

@@ -129,6 +129,7 @@ def _evict(args) -> int:
             ("after", mib(plan.get("after_bytes"))),
             ("names " + ("to evict" if r.get("dry_run") else "evicted"), len(victims)),
             ("freed", "-" if r.get("dry_run") else mib(r.get("freed_bytes"))),
+            ("dead, left in packs (no room below the cap)", mib(r.get("kept_packed_bytes"))),
             ("dry run", "yes (nothing deleted)" if r.get("dry_run") else "no"),
         ])]
         if plan.get("unmet"):

@@ -221,18 +221,22 @@ class Bound:
         quotas = {ns: max(1, q - self.reserved.get(ns, 0)) for ns, q in self.quotas.items()}
         self._during = {}
         try:
+            # The sweep may hold up to the cap itself meanwhile: the saves the room is for wait for it.
             r = await self.store.evict(max_bytes=max_bytes, low_water=self.low_water, quotas=quotas,
-                                       protect=protect)
+                                       protect=protect, ceiling_bytes=self.max_bytes)
         except KvStoreError as e:
             self._during = None
             self.metrics.inc("eviction_failures")
             log.error("hooks: eviction failed (the store may pass its cap until the next one): %s", e)
             return None
         plan = r["plan"]
-        # The plan's figures plus what was saved meanwhile (counted twice if the plan saw it: an estimate that errs
-        # high only makes the next save look again).
+        # What the store holds after the sweep (what it listed less what went: victims' objects that stayed, such as
+        # a bucket's dead objects left in packs it could not rewrite below the cap, still count), plus what was
+        # saved meanwhile (counted twice if the plan saw it: an estimate that errs high only makes the next save
+        # look again).
         during, self._during = self._during or {}, None
-        self.used = int(plan["after_bytes"]) + sum(during.values())
+        left = int(plan["used_bytes"]) - int(r.get("freed_bytes") or 0)
+        self.used = max(int(plan["after_bytes"]), left) + sum(during.values())
         self.ns_used = {u["namespace"]: int(u["after_bytes"]) for u in plan["namespaces"]}
         for ns, n in during.items():
             self.ns_used[ns] = self.ns_used.get(ns, 0) + n
@@ -242,7 +246,8 @@ class Bound:
         for reason, n in by_reason.items():
             self.metrics.evicted(reason, n)
         self.last = {"victims": len(plan["victims"]), "freed_bytes": r.get("freed_bytes"),
-                     "after_bytes": plan["after_bytes"], "unmet": plan["unmet"]}
+                     "after_bytes": plan["after_bytes"], "kept_packed_bytes": r.get("kept_packed_bytes"),
+                     "unmet": plan["unmet"]}
         if plan["victims"]:
             log.info("hooks: evicted %d name(s) (%s), freed %s bytes; stored %s of cap %s",
                      len(plan["victims"]), dict(by_reason),

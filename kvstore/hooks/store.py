@@ -165,10 +165,11 @@ class AsyncStore:
         return await self._call(self.core.stats, namespace=namespace)
 
     async def evict(self, *, max_bytes: Optional[int], low_water: float, quotas: Mapping[str, int],
-                    protect: Sequence[tuple[str, str]], dry_run: bool = False) -> dict:
+                    protect: Sequence[tuple[str, str]], dry_run: bool = False,
+                    ceiling_bytes: Optional[int] = None) -> dict:
         with self._changing(None):
             return await self._call(self.core.evict, max_bytes=max_bytes, low_water=low_water, quotas=dict(quotas),
-                                    protect=list(protect), dry_run=dry_run)
+                                    protect=list(protect), dry_run=dry_run, ceiling_bytes=ceiling_bytes)
 
     async def set_retention(self, name: str, *, namespace: str, ttl_seconds: Optional[float], pinned: bool,
                             max_bytes: Optional[int] = None) -> None:

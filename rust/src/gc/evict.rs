@@ -15,7 +15,8 @@
 //! (being restored or saved) are never victims. Each pick updates the counts, so a parent's bytes become its
 //! own once its children are gone. `evict` takes the catalog's gc lock (no save between its plan and its
 //! sweep), syncs, plans, forgets each victim where names live and in the index, then sweeps (gc's sweep,
-//! no grace: the lock excludes saves). A kill at any point leaves kept names whole (objects go only after
+//! no grace: the lock excludes saves) within the cap: a bucket copies a pack's survivors out only below it, and
+//! while the dead objects it left pass the cap, up to two more rounds evict as if the cap were smaller by them. A kill at any point leaves kept names whole (objects go only after
 //! the names are forgotten, and only those no kept name marks); a re-run finishes. `owned_bytes` reports each
 //! kept name's owned bytes as the plan counts them (`kvstore ls`).
 
@@ -25,6 +26,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{execute, plan};
+use crate::catalog::GcLock;
 use crate::error::{Error, Result};
 use crate::id::ObjectId;
 use crate::index::HeedExt;
@@ -36,6 +38,10 @@ use crate::store::Store;
 pub struct Limits {
     /// Stored bytes allowed (None: no cap; ttl and quotas still apply).
     pub max_bytes: Option<u64>,
+    /// Stored bytes the store may hold while the sweep runs (a bucket's copies out of the packs it rewrites):
+    /// the cap itself where `max_bytes` leaves room for saves to come, which wait for the sweep. None:
+    /// `max_bytes`.
+    pub ceiling: Option<u64>,
     /// Evict down to this fraction of a cap or quota once it is passed (hysteresis), in (0, 1].
     pub low_water: f64,
     /// Bytes allowed per namespace.
@@ -99,6 +105,8 @@ pub struct EvictReport {
     /// What the sweep deleted (victims' objects and older garbage).
     pub freed_bytes: u64,
     pub dead_objects: usize,
+    /// Dead bytes a bucket left in its packs for now (`GcReport::kept_packed_bytes`): still stored.
+    pub kept_packed_bytes: u64,
     pub dry_run: bool,
 }
 
@@ -371,10 +379,41 @@ pub fn evict(store: &Store, limits: &Limits, dry_run: bool) -> Result<EvictRepor
     if dry_run {
         catalog.sync(None)?;
         let plan = plan_eviction(store, limits)?;
-        return Ok(EvictReport { plan, evicted: 0, freed_bytes: 0, dead_objects: 0, dry_run: true });
+        return Ok(EvictReport { plan, evicted: 0, freed_bytes: 0, dead_objects: 0, kept_packed_bytes: 0, dry_run: true });
     }
     let lock = catalog.lock_gc()?;
     catalog.sync(None)?;
+    let mut report = evict_round(store, limits, &lock)?;
+    // A bucket copies a pack's live objects out before it deletes the pack, and does so only within the cap; what
+    // it could not move stays stored. While that passes the cap, evict more as if the cap were smaller by it:
+    // the new victims' packs go whole, which makes room to move the rest.
+    for _ in 0..2 {
+        let Some(max) = limits.max_bytes else { break };
+        let kept = report.kept_packed_bytes;
+        if kept == 0 || report.plan.after_bytes + kept <= max {
+            break;
+        }
+        let smaller = Limits {
+            max_bytes: Some(max.saturating_sub(kept).max(1)),
+            ceiling: limits.ceiling.or(limits.max_bytes),
+            ..limits.clone()
+        };
+        let more = evict_round(store, &smaller, &lock)?;
+        report.plan.victims.extend(more.plan.victims);
+        report.plan.after_bytes = more.plan.after_bytes;
+        report.plan.unmet = more.plan.unmet;
+        report.plan.namespaces = more.plan.namespaces;
+        report.evicted += more.evicted;
+        report.freed_bytes += more.freed_bytes;
+        report.dead_objects += more.dead_objects;
+        report.kept_packed_bytes = more.kept_packed_bytes;
+    }
+    Ok(report)
+}
+
+/// One plan and its execution under `lock`: forget the victims, then sweep within the cap.
+fn evict_round(store: &Store, limits: &Limits, lock: &GcLock) -> Result<EvictReport> {
+    let catalog = store.catalog();
     let plan = plan_eviction(store, limits)?;
     let ix = store.index();
     let mut evicted = 0;
@@ -385,8 +424,15 @@ pub fn evict(store: &Store, limits: &Limits, dry_run: bool) -> Result<EvictRepor
         w.commit().ix(ix)?;
     }
     let gc_plan = plan::plan_at(store, Duration::ZERO, lock.now)?;
-    let swept = execute::sweep(store, gc_plan, lock, false)?;
-    Ok(EvictReport { plan, evicted, freed_bytes: swept.freed_bytes, dead_objects: swept.dead_objects, dry_run: false })
+    let swept = execute::sweep(store, gc_plan, lock, false, limits.ceiling.or(limits.max_bytes))?;
+    Ok(EvictReport {
+        plan,
+        evicted,
+        freed_bytes: swept.freed_bytes,
+        dead_objects: swept.dead_objects,
+        kept_packed_bytes: swept.kept_packed_bytes,
+        dry_run: false,
+    })
 }
 
 /// What each kept name alone holds: the stored bytes of its objects no other kept name references (what evicting

@@ -3,7 +3,7 @@
 //!
 //! CONTRACT: nothing marked live, and (when re-checking a plan made without the lock) nothing whose mtime is
 //! now within the grace period, is deleted; the index keeps no row of a dead manifest (nor its prefix keys)
-//! or of a deleted or absent unmarked object. The lock is held until the sweep is done.
+//! or of a deleted or absent unmarked object. The caller holds the lock until the sweep is done.
 
 use std::collections::HashSet;
 
@@ -18,12 +18,20 @@ use crate::store::Store;
 /// became live or young since the plan is kept.
 pub fn execute(store: &Store, plan: GcPlan) -> Result<GcReport> {
     let lock = store.catalog().lock_gc()?;
-    sweep(store, plan, lock, true)
+    sweep(store, plan, &lock, true, None)
 }
 
 /// Delete what `plan` found dead, under `lock`. `recheck`: the plan was made without the lock, so mark again
-/// and re-read each planned object's mtime against the lock's clock.
-pub(super) fn sweep(store: &Store, mut plan: GcPlan, lock: GcLock, recheck: bool) -> Result<GcReport> {
+/// and re-read each planned object's mtime against the lock's clock. `ceiling`: the bytes a backend that copies
+/// survivors (a bucket's packs) may hold meanwhile (`Backend::delete_many`; an eviction's cap, None for a gc);
+/// what it leaves stays dead, counted in `kept_packed`, with its index row, for the next gc.
+pub(super) fn sweep(
+    store: &Store,
+    mut plan: GcPlan,
+    lock: &GcLock,
+    recheck: bool,
+    ceiling: Option<u64>,
+) -> Result<GcReport> {
     let backend = store.objects().backend();
     let cutoff = lock.now.checked_sub(plan.grace).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
     if recheck {
@@ -35,11 +43,13 @@ pub(super) fn sweep(store: &Store, mut plan: GcPlan, lock: GcLock, recheck: bool
         dead_objects: 0,
         freed_bytes: 0,
         kept_young: plan.kept_young,
+        kept_packed: 0,
+        kept_packed_bytes: 0,
         removed_temp: 0,
         dead_manifests: 0,
         dry_run: false,
     };
-    let mut doomed: Vec<ObjectId> = Vec::new();
+    let mut doomed: Vec<(ObjectId, u64)> = Vec::new();
     for &(id, len) in &plan.dead_objects {
         if marks.objects.contains(&id) {
             continue;
@@ -48,19 +58,28 @@ pub(super) fn sweep(store: &Store, mut plan: GcPlan, lock: GcLock, recheck: bool
             false => len,
             true => match backend.mtime(&id)? {
                 None => continue,
-                Some((mtime, _)) if mtime >= cutoff => {
+                Some((mtime, _)) if mtime > cutoff => {
                     report.kept_young += 1;
                     continue;
                 }
                 Some((_, len)) => len,
             },
         };
-        report.freed_bytes += len;
-        doomed.push(id);
+        doomed.push((id, len));
     }
-    backend.delete_many(&doomed)?;
-    report.dead_objects = doomed.len();
-    let deleted: HashSet<ObjectId> = doomed.into_iter().collect();
+    let ids: Vec<ObjectId> = doomed.iter().map(|d| d.0).collect();
+    let left: HashSet<ObjectId> = backend.delete_many(&ids, ceiling)?.into_iter().collect();
+    let mut deleted: HashSet<ObjectId> = HashSet::new();
+    for (id, len) in doomed {
+        if left.contains(&id) {
+            report.kept_packed += 1;
+            report.kept_packed_bytes += len;
+        } else {
+            report.freed_bytes += len;
+            deleted.insert(id);
+        }
+    }
+    report.dead_objects = deleted.len();
 
     let ix = store.index();
     let mut w = ix.write_txn()?;
@@ -76,6 +95,5 @@ pub(super) fn sweep(store: &Store, mut plan: GcPlan, lock: GcLock, recheck: bool
     ix.drop_object_rows(&mut w, &dead_rows)?;
     w.commit().map_err(|e| ix.err(e))?;
     report.removed_temp = backend.clean_temp(plan.grace)?;
-    drop(lock);
     Ok(report)
 }

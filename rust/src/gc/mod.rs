@@ -37,6 +37,10 @@ pub struct GcReport {
     pub freed_bytes: u64,
     /// Unreachable objects younger than the grace period, kept.
     pub kept_young: usize,
+    /// Unreachable objects left in a bucket's packs for now: copying their packs' live objects out would have
+    /// passed the cap (the next gc or eviction takes them).
+    pub kept_packed: usize,
+    pub kept_packed_bytes: u64,
     /// Temp files past the grace period removed (or that would be).
     pub removed_temp: usize,
     /// Manifest rows (and their prefix keys) no name references any more: dropped (or would be).
@@ -54,7 +58,7 @@ pub fn gc(store: &Store, grace: Duration, dry_run: bool) -> Result<GcReport> {
     let lock = catalog.lock_gc()?;
     catalog.sync(None)?;
     let plan = plan::plan_at(store, grace, lock.now)?;
-    execute::sweep(store, plan, lock, false)
+    execute::sweep(store, plan, &lock, false, None)
 }
 
 #[cfg(test)]

@@ -2,7 +2,10 @@
 //!
 //! CONTRACT: `mark` is the one marking (names, their manifests, displaced manifests; refuses on an unreadable
 //! live manifest); `plan_at(now)` lists the backend once (`list_stamped`) and splits the unmarked objects
-//! into dead (older than `now - grace`) and young; `plan` is `plan_at` the local clock.
+//! into dead (not newer than `now - grace`) and young; `plan` is `plan_at` the local clock. An object stamped
+//! with the gc lock's own time is dead: a bucket's clock counts whole seconds, so an object saved before the
+//! lock was taken (no save runs under it) may carry the lock's second; counted young, an eviction's victims
+//! stayed in the bucket until the next one.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -35,6 +38,8 @@ impl GcPlan {
             dead_objects: self.dead_objects.len(),
             freed_bytes: self.dead_objects.iter().map(|d| d.1).sum(),
             kept_young: self.kept_young,
+            kept_packed: 0,
+            kept_packed_bytes: 0,
             removed_temp: self.stale_temp,
             dead_manifests: self.dead_manifests.len(),
             dry_run: true,
@@ -94,7 +99,7 @@ pub(super) fn plan_at(store: &Store, grace: Duration, now: SystemTime) -> Result
         if plan.marks.objects.contains(&id) {
             continue;
         }
-        if mtime >= cutoff {
+        if mtime > cutoff {
             plan.kept_young += 1;
         } else {
             plan.dead_objects.push((id, len));

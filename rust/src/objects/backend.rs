@@ -140,12 +140,14 @@ pub trait Backend: Send + Sync {
     fn list(&self) -> Result<Vec<ObjectId>, ObjectError>;
     /// Remove an object; returns the bytes freed (0 if it was already gone).
     fn delete(&self, id: &ObjectId) -> Result<u64, ObjectError>;
-    /// Remove many objects (a backend may do it concurrently); absent ones are fine.
-    fn delete_many(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
+    /// Remove many objects (a backend may do it concurrently); absent ones are fine. A backend that must copy
+    /// what survives to remove the rest (a bucket's packs) holds at most `ceiling` bytes meanwhile (or what it
+    /// held when it began, if more; None: no bound) and returns the objects it left for a later call.
+    fn delete_many(&self, ids: &[ObjectId], _ceiling: Option<u64>) -> Result<Vec<ObjectId>, ObjectError> {
         for id in ids {
             self.delete(id)?;
         }
-        Ok(())
+        Ok(Vec::new())
     }
     /// Every object with its modification time and stored length (gc's listing; a backend may do it in one
     /// request instead of one per object).

@@ -262,8 +262,11 @@ impl PyStore {
     }
 
     /// Keep the store within limits: expired names, namespaces over their quota, then the cap (see
-    /// `gc::evict`). `quotas`: {namespace: bytes}; `protect`: [(namespace, name)] not to evict now.
-    #[pyo3(signature = (*, max_bytes = None, low_water = 0.9, quotas = None, protect = None, dry_run = false))]
+    /// `gc::evict`). `quotas`: {namespace: bytes}; `protect`: [(namespace, name)] not to evict now;
+    /// `ceiling_bytes`: what the store may hold while the sweep runs (default `max_bytes`).
+    #[pyo3(signature = (*, max_bytes = None, low_water = 0.9, quotas = None, protect = None, dry_run = false,
+                        ceiling_bytes = None))]
+    #[allow(clippy::too_many_arguments)]
     fn evict<'py>(
         &self,
         py: Python<'py>,
@@ -272,9 +275,11 @@ impl PyStore {
         quotas: Option<HashMap<String, u64>>,
         protect: Option<Vec<(String, String)>>,
         dry_run: bool,
+        ceiling_bytes: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let limits = crate::gc::Limits {
             max_bytes,
+            ceiling: ceiling_bytes,
             low_water,
             quotas: quotas.unwrap_or_default(),
             protect: protect.unwrap_or_default().into_iter().collect(),

@@ -9,10 +9,12 @@
 //! packs the new objects in their order (about `PACK_TARGET` bytes a pack) and uploads packs and indexes
 //! concurrently (`PARALLEL` requests in flight); all are durable when it returns. `download` reads adjacent
 //! objects of a pack in one ranged GET (split to keep `PARALLEL` requests busy). `delete_many` is a prune,
-//! planned then executed: packs holding only doomed (or duplicate) objects are deleted; a pack holding any is
-//! rewritten without them (its survivors uploaded as new packs first, then the old index, then the old pack
-//! deleted), so the bucket holds no garbage after a gc and a cap counts what the bucket really holds; a kill
-//! in between leaves duplicates, never a gap. Orphans older than `orphan_age` (a save killed between its
+//! planned then executed: packs holding only doomed (or duplicate) objects are deleted first; a pack holding
+//! any is rewritten without them (its survivors uploaded as new packs first, then the old index, then the old
+//! pack deleted), so the bucket holds no garbage after a gc and a cap counts what the bucket really holds; a
+//! kill in between leaves duplicates, never a gap. Under an eviction's cap (`ceiling`) the copies must fit
+//! below it: a pack whose survivors do not is left as it is, and its doomed objects are returned (still
+//! stored, counted, taken by a later prune). Orphans older than `orphan_age` (a save killed between its
 //! PUTs, an index deleted by hand): a pack without its index gets it back from its trailer (its objects then
 //! count, and gc drops those no name references), an index without its pack is deleted. `touch` cannot
 //! refresh a bucket's LastModified: reuse is protected by the lock protocol (`locks.rs`). `quarantine`
@@ -391,23 +393,29 @@ impl BucketObjects {
 
     /// The prune: remove `doomed` objects (and duplicate copies) from their packs, give old lone packs their
     /// index back, delete old lone indexes and the doomed loose objects. Planned (`prune.rs`) on a fresh
-    /// listing, then executed batch by batch: survivors up first, then the old packs go (index first, so no
-    /// reader trusts a pack being deleted for longer than one listing).
-    fn prune(&self, doomed: &[ObjectId]) -> Result<(), ObjectError> {
+    /// listing, then executed: what goes whole first (a pack's index before the pack, so no reader trusts a
+    /// pack being deleted for longer than one listing), then the rewrites batch by batch (survivors up first,
+    /// then the old packs go). `ceiling`: the bytes the bucket may hold meanwhile (or what it held when it
+    /// began, if more; None: as much as it takes). Returns the doomed objects left in packs that did not fit.
+    fn prune(&self, doomed: &[ObjectId], ceiling: Option<u64>) -> Result<Vec<ObjectId>, ObjectError> {
         self.loose_changed();
         self.totals_changed();
         let listed = self.packs.refresh(&self.bucket)?;
-        let plan = prune::plan(&self.packs, listed.orphans, doomed, self.orphan_age, REPACK_BATCH, object_key);
-        for batch in plan.rewrites {
-            self.repack(batch)?;
-        }
+        let room = ceiling.map(|c| c.saturating_sub(listed.bytes));
+        let plan = prune::plan(&self.packs, listed.orphans, doomed, self.orphan_age, REPACK_BATCH, room, object_key);
+        let b = &*self.bucket;
+        b.run_all(plan.drops.clone(), PARALLEL, |p| async move { b.delete_async(&index_key(&p)).await })?;
+        let whole = plan.drops.iter().map(pack_key).chain(plan.deletes);
+        b.run_all(whole.collect(), PARALLEL, |key| async move { b.delete_async(&key).await })?;
+        self.packs.remove(&plan.drops);
         for m in &plan.lone_packs {
             self.rebuild_index(m)?;
         }
-        let b = &*self.bucket;
-        b.run_all(plan.deletes, PARALLEL, |key| async move { b.delete_async(&key).await })?;
+        for batch in plan.rewrites {
+            self.repack(batch)?;
+        }
         self.totals_changed(); // a `stored` that listed while the prune ran may have seen it half done
-        Ok(())
+        Ok(plan.left)
     }
 
     /// Write a pack's index again from the copy in its trailer (its objects then count again; a gc removes
@@ -512,13 +520,13 @@ impl Backend for BucketObjects {
         self.list_stamped_all()
     }
 
-    fn delete_many(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
-        self.prune(ids)
+    fn delete_many(&self, ids: &[ObjectId], ceiling: Option<u64>) -> Result<Vec<ObjectId>, ObjectError> {
+        self.prune(ids, ceiling)
     }
 
     fn delete(&self, id: &ObjectId) -> Result<u64, ObjectError> {
         let Some((_, len)) = self.mtime(id)? else { return Ok(0) };
-        self.prune(&[*id])?;
+        self.prune(&[*id], None)?;
         Ok(len)
     }
 
@@ -553,7 +561,7 @@ impl Backend for BucketObjects {
     fn quarantine(&self, id: &ObjectId) -> Result<(), ObjectError> {
         let Some(bytes) = self.download(vec![*id])?.pop().flatten() else { return Ok(()) };
         self.bucket.put(&format!("quarantine/{}.{}", id.hex(), unique_suffix()), bytes)?;
-        self.prune(&[*id])
+        self.prune(&[*id], None).map(drop)
     }
 }
 

@@ -171,13 +171,14 @@ impl Backend for CachedBackend {
         Ok(n)
     }
 
-    /// gc: the bucket's deletes run concurrently, then the cache forgets them.
-    fn delete_many(&self, ids: &[ObjectId]) -> Result<(), ObjectError> {
-        self.bucket.delete_many(ids)?;
-        for id in ids {
+    /// gc: the bucket's deletes run concurrently, then the cache forgets what went.
+    fn delete_many(&self, ids: &[ObjectId], ceiling: Option<u64>) -> Result<Vec<ObjectId>, ObjectError> {
+        let left = self.bucket.delete_many(ids, ceiling)?;
+        let kept: std::collections::HashSet<&ObjectId> = left.iter().collect();
+        for id in ids.iter().filter(|id| !kept.contains(id)) {
             self.cache.forget(id);
         }
-        Ok(())
+        Ok(left)
     }
 
     /// gc's listing: the bucket's, one request per 1000 objects (LastModified is the bucket's clock).

@@ -193,6 +193,55 @@ fn a_quarantined_packed_object_leaves_its_pack_and_the_next_save_repairs_it() {
     assert_eq!(load(&b, "x").manifest.tokens, toks);
 }
 
+/// An eviction's prune copies a pack's survivors out only below the cap: with no room, the dead objects of a
+/// pack that keeps live ones stay (counted, still stored); while that passes the cap a second round evicts more,
+/// whose packs go whole; a gc without a cap takes what was left.
+#[test]
+fn an_eviction_copies_survivors_only_below_its_cap_and_evicts_more_for_room() {
+    use crate::gc::{evict, Limits};
+    use crate::index::Retention;
+    let mem = Arc::new(InMemory::new());
+    let da = TempDir::new("ea");
+    let a = machine(&mem, &da, None, quick());
+    let f = fp(&[]);
+    let setup = |a: &Machine| {
+        put_synthetic(a, "x", "", &(0..80).collect::<Vec<_>>(), &f);
+        let mut y: Vec<i32> = (0..48).collect();
+        y.extend(1000..1032);
+        put_synthetic(a, "y", "", &y, &f); // 3 of x's blocks, in x's pack
+        a.remove("x", "").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    setup(&a);
+    let (before, _, _) = layout(&a);
+    let limits = |max: u64| Limits { max_bytes: Some(max), low_water: 0.9, ..Default::default() };
+    let dry = evict(&a, &limits(u64::MAX), true).unwrap().plan;
+    let live = dry.used_bytes - dry.garbage_bytes;
+    assert!(dry.garbage_bytes > 0, "{dry:?}");
+    // y pinned: no name can go, so x's dead objects stay in the pack that keeps y's blocks.
+    a.set_retention("y", "", Retention { ttl_s: None, pinned: true }).unwrap();
+    let r = evict(&a, &limits(live + 1), false).unwrap();
+    assert_eq!((r.evicted, r.kept_packed_bytes, r.freed_bytes), (0, dry.garbage_bytes, 0), "{r:?}");
+    assert!(r.plan.unmet, "the cap cannot be met while x's garbage stays and y is pinned: {r:?}");
+    assert_eq!(layout(&a).0, before, "no pack was rewritten");
+    assert_eq!(load(&a, "y").manifest.n_tokens, 80);
+    // A gc without a cap rewrites it.
+    let g = crate::gc::gc(&a, Duration::ZERO, false).unwrap();
+    assert_eq!((g.dead_objects, g.kept_packed), (4, 0), "{g:?}");
+    let (beyond, indexes) = overhead(&a);
+    assert_eq!(beyond, indexes, "bytes of packs beyond the live objects");
+
+    // Unpinned, the same: the first round leaves x's dead objects, the second evicts y, and both packs go.
+    let db = TempDir::new("eb");
+    let mem = Arc::new(InMemory::new());
+    let b = machine(&mem, &db, None, quick());
+    setup(&b);
+    let r = evict(&b, &limits(live + 1), false).unwrap();
+    assert_eq!((r.evicted, r.kept_packed_bytes), (1, 0), "{r:?}");
+    assert_eq!(r.plan.victims.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), vec!["y"]);
+    assert!(layout(&b).0.is_empty(), "{:?}", layout(&b));
+}
+
 /// The bucket's totals (stats, /metrics) list the bucket once per `TOTALS_FOR`, not on every read: a second
 /// read lists nothing, this machine's own saves (packed or loose) are counted as they go and agree with what a
 /// fresh machine lists, and a prune here makes the next read list again.
