@@ -16,11 +16,13 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Optional
 
-from kvstore.errors import KvStoreError, StoreFull
+from kvstore.errors import GcLocked, KvStoreError, StoreFull
 
 from .errors import BadRequest
 from .store import AsyncStore
@@ -32,6 +34,10 @@ PIN_FIELD = "cache_prompt_pin"
 TTL_HEADER = "X-KV-TTL"
 PIN_HEADER = "X-KV-Pin"
 MAX_TTL = 10 * 365 * 86400.0  # seconds; a longer ttl is a pin
+# Another machine's gc holds a bucket store's lock: an eviction that must make room for a save tries again after
+# about this long (with jitter) until this many seconds have passed; a periodic one lets that gc do the work.
+LOCKED_RETRY_S = 0.25
+LOCKED_PATIENCE_S = 3.0
 REASONS = ("ttl", "quota", "cap")
 
 Key = tuple[str, str]
@@ -165,7 +171,7 @@ class Bound:
         self.reserved[namespace] = self.reserved.get(namespace, 0) + file_bytes
         try:
             if self.enabled and self._would_pass(namespace):
-                await self.evict_serialized()
+                await self.evict_serialized(patient=True)
             yield
         finally:
             self.reserved[namespace] -= file_bytes
@@ -205,15 +211,29 @@ class Bound:
         self.ns_used[namespace] = self.ns_used.get(namespace, 0) + new
         if self._would_pass(namespace):
             # The estimate was off (another machine's saves, compression): correct it before the slot is reused.
-            await self.evict_serialized()
+            await self.evict_serialized(patient=True)
 
-    async def evict_serialized(self) -> None:
-        """An eviction now, after the one running (if any) has finished."""
+    async def evict_serialized(self, patient: bool = False) -> None:
+        """An eviction now, after the one running (if any) has finished. `patient`: while another machine's gc
+        holds a bucket store's lock, wait for it and evict then (a save waits for the room); else leave it to that
+        gc, which keeps the bucket within the cap as that machine counts it."""
         async with self._lock:
-            await self.evict_now()
+            until = time.monotonic() + (LOCKED_PATIENCE_S if patient else 0.0)
+            while True:
+                try:
+                    await self.evict_now()
+                    return
+                except GcLocked as e:
+                    why = e
+                if time.monotonic() >= until:
+                    break
+                await asyncio.sleep(LOCKED_RETRY_S * (0.5 + random.random()))
+            self.metrics.inc("evictions_deferred")
+            (log.warning if patient else log.info)("hooks: eviction put off: %s", why)
 
     async def evict_now(self) -> Optional[dict]:
-        """One eviction; None when it failed (logged, counted)."""
+        """One eviction; None when it failed (logged, counted). Raises GcLocked when another machine's gc (or
+        saves in flight too long) held a bucket store's lock: nothing was done."""
         protect = sorted(set(self.protect()) | set(self.in_use_keys))
         # Room for the ingests under way: evict as if the cap and quotas were smaller by what they may add.
         room = sum(self.reserved.values())
@@ -224,6 +244,9 @@ class Bound:
             # The sweep may hold up to the cap itself meanwhile: the saves the room is for wait for it.
             r = await self.store.evict(max_bytes=max_bytes, low_water=self.low_water, quotas=quotas,
                                        protect=protect, ceiling_bytes=self.max_bytes)
+        except GcLocked:
+            self._during = None
+            raise
         except KvStoreError as e:
             self._during = None
             self.metrics.inc("eviction_failures")

@@ -39,6 +39,8 @@ COUNTERS = {
     "bytes_materialized": "Bytes of state files written by materialize.",
     "pins_refused": "Pins refused at a save because the pinned states would pass --max-size.",
     "eviction_failures": "Evictions that failed (the store may pass its cap until the next one).",
+    "evictions_deferred": "Evictions put off because another machine's gc held the bucket store's lock (one that "
+                          "makes room for a save waits for it first, up to about 3 s).",
 }
 LATENCY_HELP = {"save": "Time spent saving + ingesting a slot.", "restore": "Time spent materializing + restoring a slot."}
 # Seconds: a small state saves in milliseconds, a long context over a slow bucket in tens of seconds.

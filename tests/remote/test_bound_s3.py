@@ -1,7 +1,7 @@
 """A cap on a shared bucket: two `kvstore serve` (each its own embedded llama-server and cache) on one SeaweedFS
-bucket, both with `--max-size` of about six states, conversations sent to both at once. The bucket's own listing
-stays within the cap plus one state per server plus what the other saved in one `--evict-period`; after the run
-it is within the cap; a pinned name survives; the conversations answered last continue on the *other* server as a
+bucket, both with `--max-size` of about six states, conversations sent to both at once. No eviction fails because
+the other server's gc holds the bucket's lock. The bucket's own listing stays within the cap plus one state per
+server plus what the other saved in one `--evict-period`; after the run it is within the cap; a pinned name survives; the conversations answered last continue on the *other* server as a
 plain llama-server evaluates them; the first ones are misses, never errors; the bucket verifies clean."""
 from __future__ import annotations
 
@@ -100,6 +100,12 @@ def test_a_cap_on_a_shared_bucket_holds_for_two_servers(capped, seaweed, tmp_pat
     assert max(peaks) <= cap + 3 * one, (max(peaks), cap, one)
     evicted = sum(metric(n.url, "kvstore_evictions_total", '{reason="cap"}') for n in (a, b))
     assert evicted > 0
+    # The other server's gc holding the bucket's lock is no failure: an eviction that makes room for a save waits
+    # for it, a periodic one leaves the work to it (a soak of two servers counted 40 failed evictions to 17 before).
+    failed = {n.name: metric(n.url, "kvstore_eviction_failures_total") for n in (a, b)}
+    deferred = sum(metric(n.url, "kvstore_evictions_deferred_total") for n in (a, b))
+    print(f"[bound-s3] evictions {evicted}, deferred {deferred}, failed {failed}")
+    assert not any(failed.values()), failed
 
     # Once both have saved their slots and counted again, the bucket is within the cap.
     for n in (a, b):
