@@ -1,7 +1,7 @@
 """A soak: a user's traffic against the real `kvstore serve` for a while, with the product's promises checked.
 
 `python -m bench.soak [--model M] [--seconds S] [--clients N] [--slots N] [--max-size MIB] [--restarts K]
-[--bucket] [--out JSON]`
+[--bucket [--servers N]] [--out JSON]`
 
 What runs: `kvstore serve` (the embedded llama-server) with two tenants (a key file) whose clients send the same
 script, so that another tenant's cells would show in `cache_n`: users (one conversation each, named by the user,
@@ -24,10 +24,18 @@ Checked (each failure is listed; the exit status is 1 if any):
 `--bucket`: the store in an S3 bucket (SeaweedFS on loopback) with a local cache. Every check holds there too
 (SmolLM2, 45 s and 120 s, 48 MiB cap). Before the prune's copies had to fit below the cap, the bucket passed it for
 moments by up to 6.4 MB (docs/design.md, "gc" under the bucket store).
+
+`--servers N` (with `--bucket`): N `kvstore serve` on the one bucket, each with its own llama-server and cache,
+each request sent to one at random (a round-robin balancer), `--idle-save 1 --evict-period 1` (docs/hooks.md's
+advice for several servers); a restart stops and starts them all. The checks are the same but two: a committed
+state may be replaced by another server's later save of an older one (the later save wins; the newer is kept in
+`displaced`, which the check accepts), and the cap is only measured (each server counts the others' saves at its
+next eviction; tests/remote/test_bound_s3.py bounds the excess).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import random
@@ -109,7 +117,7 @@ class User:
 class Soak:
     def __init__(self, model: str, wd: Path, *, clients: int, slots: int, ctx: int, max_size_mib: float,
                  seed: int, users: int, articles: int, questions: int, n_predict: int, max_turns: int,
-                 one_namespace: bool = False, kill: bool = False, bucket: bool = False):
+                 one_namespace: bool = False, kill: bool = False, bucket: bool = False, servers: int = 1):
         self.model, self.wd, self.clients, self.slots, self.ctx = model, wd, clients, slots, ctx
         self.max_size = int(max_size_mib * 2**20) if max_size_mib > 0 else 0
         self.n_predict, self.max_turns = n_predict, max_turns
@@ -126,6 +134,8 @@ class Soak:
         self.store = wd / "store"
         # bucket: the store is an S3 bucket (SeaweedFS on loopback, bench/targets.py) with a local cache.
         self.remote = f"s3://{BUCKET}/soak-{uuid.uuid4().hex[:12]}" if bucket else None
+        if servers > 1 and not bucket:
+            raise ValueError("several servers share a store only in a bucket: give --bucket")
         self.env = seaweed().env() if bucket else None
         self.keys = wd / "keys"
         # one_namespace, kill: the checks' own checks. Both keys in one namespace must show as a leak; a restart by
@@ -136,9 +146,12 @@ class Soak:
         self.evictions = 0
         self.over_unmet = 0  # samples over the cap while pinned and in-use names filled it
         self.log = open(wd / "serve.log", "ab")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: Optional[subprocess.Popen] = None
+        # Several servers: each its own embedded llama-server and cache on the one bucket; each request goes to one
+        # at random, as behind a round-robin balancer.
+        self.ports = [free_port() for _ in range(servers)]
+        self.urls = [f"http://127.0.0.1:{port}" for port in self.ports]
+        self.url = self.urls[0]  # for the checks: every server reads the same bucket
+        self.procs: list[subprocess.Popen] = []
         script = random.Random(seed + 1)  # the same texts for both tenants
         systems = [f"Note {i}: {sentence(script)} {paragraph(script, 40)}" for i in range(users)]
         self.articles = [f"Article {k}. {paragraph(script, 260)}" for k in range(articles)]
@@ -151,49 +164,57 @@ class Soak:
         self.message_rng = random.Random(seed + 2)
 
     # -- the server --------------------------------------------------------------------------------------------
-    @property
-    def store_args(self) -> list[str]:
-        """`--store` (and an S3 store's `--cache`), as `serve` and `verify` take them."""
+    def store_args(self, server: int = 0) -> list[str]:
+        """`--store` (and an S3 store's `--cache`, one per server), as `serve` and `verify` take them."""
         if self.remote:
-            return ["--store", self.remote, "--cache", str(self.wd / "cache")]
+            return ["--store", self.remote, "--cache", str(self.wd / f"cache-{server}")]
         return ["--store", str(self.store)]
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "kvstore.cli", "serve", *self.store_args, "-m",
-               str(model_path(self.model)), "-np", str(self.slots), "-c", str(self.ctx), "--port", str(self.port),
-               "--api-key-file", str(self.keys), "--idle-save", "3"]
-        if self.max_size:
-            cmd += ["--max-size", str(self.max_size)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
-        proc = self.proc
-        wait_healthy(self.url, timeout=180, alive=lambda: proc.poll() is None)
+        for i, port in enumerate(self.ports):
+            # Several servers: a user's newest state reaches the bucket soon (docs/hooks.md), and each server lists
+            # the bucket's size often, since it does not see the others' saves.
+            often = ["--idle-save", "1", "--evict-period", "1"] if len(self.ports) > 1 else ["--idle-save", "3"]
+            cmd = [sys.executable, "-m", "kvstore.cli", "serve", *self.store_args(i), "-m",
+                   str(model_path(self.model)), "-np", str(self.slots), "-c", str(self.ctx), "--port", str(port),
+                   "--api-key-file", str(self.keys), *often]
+            if self.max_size:
+                cmd += ["--max-size", str(self.max_size)]
+            self.procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                               env=self.env))
+        for url, proc in zip(self.urls, self.procs):
+            wait_healthy(url, timeout=180, alive=lambda proc=proc: proc.poll() is None)
 
     def stop(self, kill: bool = False) -> int:
-        assert self.proc is not None
-        try:
-            text = httpx.get(self.url + "/metrics", headers=_admin(), timeout=10).text
-            self.evictions += int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                                      if line.startswith("kvstore_evictions_total{")))
-        except (httpx.HTTPError, ValueError, IndexError):
-            pass
-        if kill:
-            self.proc.kill()
-            return self.proc.wait()
-        self.proc.terminate()
-        try:
-            return self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            self.failures.append("kvstore serve did not stop within 120 s of SIGTERM")
-            return -9
+        """Stop every server (SIGTERM, or SIGKILL with `kill`); the first nonzero exit status, else 0."""
+        assert self.procs
+        for url in self.urls:
+            try:
+                text = httpx.get(url + "/metrics", headers=_admin(), timeout=10).text
+                self.evictions += int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                                          if line.startswith("kvstore_evictions_total{")))
+            except (httpx.HTTPError, ValueError, IndexError):
+                pass
+        for proc in self.procs:
+            proc.kill() if kill else proc.terminate()
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=120))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self.failures.append("kvstore serve did not stop within 120 s of SIGTERM")
+                codes.append(-9)
+        self.procs = []
+        return 0 if kill else next((c for c in codes if c != 0), 0)
 
     def restart(self) -> None:
         """Stop with requests in flight (they finish), start again, check what was committed, go on."""
         self.closing_since = time.monotonic()
         self.gate.clear()
         rc = self.stop(kill=self.kill)
-        if rc != 0 and not self.kill:
+        if rc != 0:
             self.failures.append(f"kvstore serve exited {rc} on SIGTERM")
         while self.active:  # the requests in flight were answered before the exit: let their clients record them
             time.sleep(0.05)
@@ -215,7 +236,8 @@ class Soak:
                 r = http.get(f"/kvstore/states/{name}", headers=_auth(tenant))
                 if r.status_code != 200:
                     self.failures.append(f"restart {self.restarts}: {tenant}/{name} not stored: {r.status_code}")
-                elif r.json()["n_tokens"] < n:
+                elif r.json()["n_tokens"] < n and not (len(self.urls) > 1 and r.json().get("displaced")):
+                    # Several servers: the later save wins, and a newer state it replaced is kept in `displaced`.
                     self.failures.append(f"restart {self.restarts}: {tenant}/{name} stored with "
                                          f"{r.json()['n_tokens']} tokens, its last answered prompt had {n}")
 
@@ -256,7 +278,10 @@ class Soak:
             return ("user", u.tenant, u)
 
     def client(self, deadline: float) -> None:
-        with httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S) as http:
+        clients = [httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S) for url in self.urls]
+        with contextlib.ExitStack() as stack:
+            for c in clients:
+                stack.enter_context(c)
             while time.monotonic() < deadline:
                 self.gate.wait()
                 job = self.pick()
@@ -265,6 +290,7 @@ class Soak:
                     continue
                 kind, tenant, what = job
                 with self.lock:
+                    http = self.rng.choice(clients)
                     self.active += 1
                 try:
                     if kind == "user":
@@ -388,14 +414,16 @@ class Soak:
 
     def sampler(self, stop: threading.Event) -> None:
         """The objects' bytes on disk against the cap, while the cap can be met (`/kvstore/stats` bound.last.unmet:
-        pinned and in-use names fill it, which the server logs and the summary counts)."""
+        pinned and in-use names fill it, which the server logs and the summary counts). Several servers: only
+        measured; each counts the others' saves at its next eviction, so the bucket may pass the cap by what they
+        saved meanwhile (docs/design.md "Bounded store"; tests/remote/test_bound_s3.py bounds it)."""
         while not stop.wait(SAMPLE_S):
             try:
                 size = self.objects_bytes()
             except OSError:  # the store not made yet
                 continue
             self.max_objects = max(self.max_objects, size)
-            if self.max_size and size > self.max_size:
+            if self.max_size and size > self.max_size and len(self.urls) == 1:
                 try:
                     bound = httpx.get(self.url + "/kvstore/stats", headers=_admin(), timeout=10).json()["bound"]
                 except (httpx.HTTPError, ValueError, KeyError):
@@ -431,7 +459,7 @@ class Soak:
         if rc != 0:
             self.failures.append(f"kvstore serve exited {rc} on SIGTERM at the end")
         self.check_tenancy()
-        verify = subprocess.run([sys.executable, "-m", "kvstore.cli", "verify", *self.store_args, "--json"], cwd=ROOT,
+        verify = subprocess.run([sys.executable, "-m", "kvstore.cli", "verify", *self.store_args(), "--json"], cwd=ROOT,
                                 capture_output=True, text=True, env=self.env)
         if verify.returncode != 0:
             self.failures.append(f"kvstore verify: exit {verify.returncode}: {verify.stdout[-500:]}"
@@ -460,7 +488,8 @@ class Soak:
             verified = json.loads(verify_out)
         except ValueError:
             verified = verify_out[-300:]
-        return {"model": self.model, "store": "bucket" if self.remote else "local", "wall_s": round(wall_s, 1),
+        return {"model": self.model, "store": "bucket" if self.remote else "local", "servers": len(self.urls),
+                "wall_s": round(wall_s, 1),
                 "clients": self.clients, "slots": self.slots,
                 "requests": len(self.sent), "answered": len(ok),
                 "bad_requests": sum(s.kind == "bad" for s in self.sent),
@@ -560,6 +589,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", help="write the summary here as JSON")
     p.add_argument("--bucket", action="store_true", help="the store in an S3 bucket (SeaweedFS on loopback)")
+    p.add_argument("--servers", type=int, default=1, help="with --bucket: this many `kvstore serve` on the bucket, "
+                   "each request sent to one at random")
     p.add_argument("--one-namespace", action="store_true", help="a check of the checks: both tenants' keys in one "
                    "namespace (the tenancy check must fail)")
     p.add_argument("--kill", action="store_true", help="a check of the checks: restart by SIGKILL (turns not saved "
@@ -570,7 +601,7 @@ def main(argv=None) -> int:
         soak = Soak(args.model, wd, clients=args.clients, slots=args.slots, ctx=args.ctx,
                     max_size_mib=args.max_size, seed=args.seed, users=args.users, articles=args.articles,
                     questions=args.questions, n_predict=args.n_predict, max_turns=args.max_turns,
-                    one_namespace=args.one_namespace, kill=args.kill, bucket=args.bucket)
+                    one_namespace=args.one_namespace, kill=args.kill, bucket=args.bucket, servers=args.servers)
         res = soak.run(args.seconds, args.restarts)
     finally:
         cleanup(wd)
