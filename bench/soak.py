@@ -19,6 +19,7 @@ Checked (each failure is listed; the exit status is 1 if any):
 - a committed state is kept: after each restart every pinned user (and every user, without a cap) is stored with
   at least the prompt tokens of its last answered turn;
 - the disk: the store's objects, sampled every `SAMPLE_S`, never pass `--max-size`;
+- no eviction fails (`kvstore_eviction_failures_total`, read before each stop);
 - at the end, `kvstore verify` finds every object whole.
 
 `--bucket`: the store in an S3 bucket (SeaweedFS on loopback) with a local cache. Every check holds there too
@@ -191,8 +192,12 @@ class Soak:
         for url in self.urls:
             try:
                 text = httpx.get(url + "/metrics", headers=_admin(), timeout=10).text
-                self.evictions += int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                                          if line.startswith("kvstore_evictions_total{")))
+                count = lambda name: int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()  # noqa: E731
+                                             if line.startswith(name + "{") or line.startswith(name + " ")))
+                self.evictions += count("kvstore_evictions_total")
+                if failed := count("kvstore_eviction_failures_total"):
+                    self.failures.append(f"{url}: {failed} eviction(s) failed (the store may pass its cap): see "
+                                         f"the server's log")
             except (httpx.HTTPError, ValueError, IndexError):
                 pass
         for proc in self.procs:
