@@ -126,11 +126,13 @@ class Bound:
         return self.quotas.get(namespace)
 
     # ---- requests -----------------------------------------------------------------------------------------------
-    async def ask(self, key: Optional[Key], asked: RetentionAsk) -> None:
+    async def ask(self, key: Optional[Key], asked: RetentionAsk) -> Optional[str]:
         """A request asks for a ttl or a pin of its name: applied now if the name is stored (a pin over the cap is
-        StoreFull: 507, nothing changed), and again at the name's next save."""
+        StoreFull: 507, nothing changed), and again at the name's next save. Returns, for a pin asked, what the reply
+        tells (`X-KV-Pin`): "1" (pinned now) or "pending" (a new name: pinned at its first save, where a pin over
+        the cap is refused, logged and counted, and the name stays unpinned)."""
         if asked.empty:
-            return
+            return None
         if key is None:
             raise BadRequest(f"{TTL_FIELD} / {PIN_FIELD} need a name ({'cache_prompt_name'} or X-KV-Name)")
         if asked.ttl is not None:
@@ -139,6 +141,9 @@ class Bound:
         if info is not None:
             await self._apply(key, asked, info)
         self.pending[key] = asked
+        if not asked.pin:
+            return None
+        return "1" if info is not None else "pending"
 
     async def _apply(self, key: Key, asked: RetentionAsk, info: Mapping[str, Any]) -> None:
         ttl = asked.ttl if asked.ttl is not None else info.get("ttl_s")

@@ -76,7 +76,7 @@ class Handlers:
             except anthropic_api.NotConvertible as e:
                 raise BadRequest(str(e)) from None
             path, chat, translate = CHAT_PATHS[-1], True, anthropic_api.Translation(stream)
-        await w.bound.ask(naming.key, asked)
+        pin_state = await w.bound.ask(naming.key, asked)
         if path in RESPONSES_PATHS:  # tokenized as the chat request llama-server makes of it; forwarded as it is
             tokens_fn = Once(lambda: w.broker.prompt_tokens(responses_api.chat_body(body), True))
         else:
@@ -89,6 +89,8 @@ class Handlers:
             headers = {"X-KV-Cache": kind, "X-KV-Restored-Tokens": str(n_restored), "X-KV-Slot": str(slot.id)}
             if naming.name:
                 headers["X-KV-Name"] = naming.name
+            if pin_state is not None:
+                headers[bd.PIN_HEADER] = pin_state
             if lease.decision is not None:
                 headers["X-KV-Decision"] = lease.decision.header()
             if lease.fork_evaluated:

@@ -183,3 +183,44 @@ def test_tenants_with_quotas_cannot_evict_each_other(tmp_path):
             used = {n["namespace"]: n["bytes"] for n in plan["namespaces"]}
             assert used["b"] <= 4 * one + one * 1.5, (used, one)
             assert metric(u, "kvstore_evictions_total", '{reason="quota"}', {"Authorization": "Bearer admin"}) > 0
+
+
+def test_a_pin_over_the_cap_is_refused_and_the_reply_says_when_a_pin_is_decided(tmp_path):
+    """Pins fill a cap of two and a half states: a third pinned prime is stored but not pinned (507); a request that
+    asks to pin that stored name is refused at once and changes nothing; a new name's pin is decided at its first
+    save, after the reply, which says so (`X-KV-Pin: pending`), and refused there (counted, the name unpinned); a
+    name pinned already is answered `X-KV-Pin: 1`."""
+    store = tmp_path / "store"
+    srv = engine("smollm2", store)
+    with stack(srv):
+        one = state_bytes(srv.url, store)
+        cap = int(2.5 * one)
+        with hooks(srv.url, store, max_size=cap) as hk:
+            u = hk.url
+            for i in (0, 1):
+                r = post(u, f"/kvstore/states/pin{i}", {"prompt": conversation(200 + i), "cache_prompt_pin": True})
+                assert r.status == 200, r.body
+            r = post(u, "/kvstore/states/pin2", {"prompt": conversation(202), "cache_prompt_pin": True})
+            assert r.status == 507 and b"not pinned" in r.body, (r.status, r.body)
+            before = get(u, "/kvstore/states/pin2")
+            assert before.status == 200 and before.json["pinned"] is False, before.body
+            # Asked of the stored name with a longer prompt: refused before anything is evaluated.
+            r = post(u, "/completion", {"prompt": conversation(202) + " And then?", "n_predict": N_PREDICT,
+                                        "cache_prompt_name": "pin2"}, {"X-KV-Pin": "1"})
+            assert r.status == 507 and r.json["error"]["type"] == "store_full_error", (r.status, r.body)
+            after = get(u, "/kvstore/states/pin2")
+            assert after.status == 200 and after.json["pinned"] is False, after.body
+            assert after.json["manifest_id"] == before.json["manifest_id"], "the refused request changed the name"
+            # A new name: answered, its pin decided at its save.
+            refused = metric(u, "kvstore_pins_refused_total")
+            r = complete(u, conversation(203), name="new", n_predict=N_PREDICT, headers={"X-KV-Pin": "1"})
+            assert r.headers.get("X-KV-Pin") == "pending", dict(r.headers)
+            hk.run(hk.hooks.wired.table.save_all())
+            assert metric(u, "kvstore_pins_refused_total") == refused + 1
+            info = get(u, "/kvstore/states/new")  # in its slot: not evicted
+            assert info.status == 200 and info.json["pinned"] is False, info.body
+            # A name pinned already: the reply says it is.
+            r = complete(u, conversation(200) + " And then?", name="pin0", n_predict=N_PREDICT,
+                         headers={"X-KV-Pin": "1"})
+            assert r.headers.get("X-KV-Pin") == "1", dict(r.headers)
+            assert get(u, "/kvstore/states/pin0").json["pinned"] is True
