@@ -27,6 +27,7 @@ from .behind import WriteBehind
 from .bound import Bound
 from .cost import CostModel
 from .broker import Broker
+from .slot_api import SlotApi
 from .errors import Unavailable, UpstreamError, UpstreamReply
 from .handlers import Handlers
 from .metrics import Metrics
@@ -162,7 +163,7 @@ class Hooks:
         await transfer.learn_layout(0)  # before the first request (and before the first look at the task ids)
         await self._restarted(up)  # the first look at the slots' task ids
         self._wired = wired = Wired(up=up, store=store, transfer=transfer, table=table, broker=broker,
-                                    n_slots=n_slots, bound=bound)
+                                    slot_api=SlotApi(up, store, transfer, table), n_slots=n_slots, bound=bound)
         self.metrics.cap_bytes = self.cfg.max_size
         self._tasks.append(asyncio.create_task(bound.run()))
         if self.cfg.idle_save > 0:

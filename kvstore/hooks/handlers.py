@@ -159,11 +159,11 @@ class Handlers:
 
     async def state_info(self, request: web.Request) -> web.Response:
         ns, name = _state_key(request)
-        return web.json_response(jsonable(await self.h.wired.broker.info(ns, name)))
+        return web.json_response(jsonable(await self.h.wired.slot_api.info(ns, name)))
 
     async def state_delete(self, request: web.Request) -> web.Response:
         ns, name = _state_key(request)
-        await self.h.wired.broker.delete(ns, name)
+        await self.h.wired.slot_api.delete(ns, name)
         return web.json_response({"name": name, "namespace": ns, "removed": True})
 
     async def state_list(self, request: web.Request) -> web.Response:
@@ -246,19 +246,19 @@ class Handlers:
         body = await _json_body(request, allow_empty=True)
         c = caller(request)
         if action == "erase":
-            return web.json_response(await w.broker.erase(slot_id, c))
+            return web.json_response(await w.slot_api.erase(slot_id, c))
         given = body.get("filename") if isinstance(body, dict) else None
         if given is None:
             raise BadRequest("body needs a `filename`: the name to save or restore")
         name = nm.validate(given, "name")
         if action == "save":
-            r = await w.broker.save_raw(slot_id, c, name)
+            r = await w.slot_api.save_raw(slot_id, c, name)
             info, save = r["info"], r["info"].get("save") or {}
             return web.json_response({
                 "id_slot": slot_id, "filename": name, "n_saved": save.get("n_saved", 0),
                 "n_written": save.get("n_written", 0), "timings": {"save_ms": _ms(r["seconds"])},
                 "kvstore": jsonable({**{k: v for k, v in info.items() if k != "save"}, "namespace": c.namespace})})
-        r = await w.broker.restore_raw(slot_id, c, name)
+        r = await w.slot_api.restore_raw(slot_id, c, name)
         reply = r["reply"]
         info = reply.get("kvstore") or {}
         return web.json_response({

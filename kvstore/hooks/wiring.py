@@ -15,6 +15,7 @@ from kvstore.config import Location, locate
 from .auth import Tenancy
 from .bound import Bound
 from .broker import Broker
+from .slot_api import SlotApi
 from .slots import SlotTable
 from .store import AsyncStore
 from .transfer import Transfer
@@ -85,5 +86,6 @@ class Wired:
     transfer: Transfer
     table: SlotTable
     broker: Broker
+    slot_api: SlotApi
     n_slots: int
     bound: Bound

@@ -21,6 +21,7 @@ from kvstore.hooks.broker import Broker, Once
 from kvstore.hooks.errors import BadRequest, NotFound, UpstreamReply
 from kvstore.hooks.metrics import Metrics
 from kvstore.hooks.naming import Naming
+from kvstore.hooks.slot_api import SlotApi
 from kvstore.hooks.slots import SlotTable
 from kvstore.hooks.store import AsyncStore
 from kvstore.hooks.syncdir import SyncDir
@@ -211,7 +212,8 @@ def test_layout_learned_from_the_first_non_empty_save(tmp_path, states):
 
 
 def test_state_api_not_found_and_failed_raw_restore(tmp_path, states):
-    broker, up, core = make(tmp_path, states, names=["kept"])
+    b, up, core = make(tmp_path, states, names=["kept"])
+    broker = SlotApi(b.up, b.store, b.transfer, b.table)
     with pytest.raises(NotFound):
         asyncio.run(broker.info("", "nope"))
     with pytest.raises(NotFound):
