@@ -203,6 +203,10 @@ class SeaweedFS:
         """Every key under `prefix` (ListObjectsV2, following continuation tokens): what the bucket holds."""
         return [k for k, _ in self._list(bucket, prefix)]
 
+    def list_sizes(self, bucket: str, prefix: str = "") -> list[tuple[str, int]]:
+        """(key, size) of every key under `prefix`."""
+        return self._list(bucket, prefix)
+
     def _list(self, bucket: str, prefix: str) -> list[tuple[str, int]]:
         import urllib.parse
         import xml.etree.ElementTree as ET
