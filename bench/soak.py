@@ -30,7 +30,7 @@ moments by up to 6.4 MB (docs/design.md, "gc" under the bucket store).
 each request sent to one at random (a round-robin balancer), `--idle-save 1 --evict-period 1` (docs/hooks.md's
 advice for several servers); a restart stops and starts them all. The checks are the same but two: a committed
 state may be replaced by another server's later save of an older one (the later save wins; the newer is kept in
-`displaced`, which the check accepts), and the cap is only measured (each server counts the others' saves at its
+`displaced`, which the check accepts and counts as `older_state_won`), and the cap is only measured (each server counts the others' saves at its
 next eviction; tests/remote/test_bound_s3.py bounds the excess).
 """
 from __future__ import annotations
@@ -146,6 +146,7 @@ class Soak:
                              + f"{ADMIN_KEY} - admin\n")
         self.evictions = 0
         self.over_unmet = 0  # samples over the cap while pinned and in-use names filled it
+        self.older_won = 0  # committed states replaced by another server's later save of an older one
         self.log = open(wd / "serve.log", "ab")
         # Several servers: each its own embedded llama-server and cache on the one bucket; each request goes to one
         # at random, as behind a round-robin balancer.
@@ -241,8 +242,10 @@ class Soak:
                 r = http.get(f"/kvstore/states/{name}", headers=_auth(tenant))
                 if r.status_code != 200:
                     self.failures.append(f"restart {self.restarts}: {tenant}/{name} not stored: {r.status_code}")
-                elif r.json()["n_tokens"] < n and not (len(self.urls) > 1 and r.json().get("displaced")):
+                elif r.json()["n_tokens"] < n and len(self.urls) > 1 and r.json().get("displaced"):
                     # Several servers: the later save wins, and a newer state it replaced is kept in `displaced`.
+                    self.older_won += 1
+                elif r.json()["n_tokens"] < n:
                     self.failures.append(f"restart {self.restarts}: {tenant}/{name} stored with "
                                          f"{r.json()['n_tokens']} tokens, its last answered prompt had {n}")
 
@@ -505,7 +508,7 @@ class Soak:
                 "prompt_tokens_per_request": round(sum(s.prompt_n + s.fork_n for s in ok) / max(1, len(ok)), 1),
                 "user_turns": sum(s.kind == "user" for s in ok), "questions": sum(s.kind == "question" for s in ok),
                 "restarts": self.restarts, "evictions": self.evictions, "max_size": self.max_size,
-                "samples_over_cap_while_unmet": self.over_unmet, "max_objects_bytes": self.max_objects,
+                "samples_over_cap_while_unmet": self.over_unmet, "older_state_won": self.older_won, "max_objects_bytes": self.max_objects,
                 "verify": verified, "failures": self.failures}
 
 
