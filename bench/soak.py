@@ -30,8 +30,8 @@ moments by up to 6.4 MB (docs/design.md, "gc" under the bucket store).
 each request sent to one at random (a round-robin balancer), `--idle-save 1 --evict-period 1` (docs/hooks.md's
 advice for several servers); a restart stops and starts them all. The checks are the same but two: a committed
 state may be replaced by another server's later save of an older one (the later save wins; the newer is kept in
-`displaced`, which the check accepts and counts as `older_state_won`), and the cap is only measured (each server counts the others' saves at its
-next eviction; tests/remote/test_bound_s3.py bounds the excess).
+`displaced`, which the check accepts and counts as `older_state_won`), and the cap is only measured (each
+server counts the others' saves at its next eviction; tests/remote/test_bound_s3.py bounds the excess).
 """
 from __future__ import annotations
 
@@ -508,7 +508,8 @@ class Soak:
                 "prompt_tokens_per_request": round(sum(s.prompt_n + s.fork_n for s in ok) / max(1, len(ok)), 1),
                 "user_turns": sum(s.kind == "user" for s in ok), "questions": sum(s.kind == "question" for s in ok),
                 "restarts": self.restarts, "evictions": self.evictions, "max_size": self.max_size,
-                "samples_over_cap_while_unmet": self.over_unmet, "older_state_won": self.older_won, "max_objects_bytes": self.max_objects,
+                "samples_over_cap_while_unmet": self.over_unmet, "older_state_won": self.older_won,
+                "max_objects_bytes": self.max_objects,
                 "verify": verified, "failures": self.failures}
 
 

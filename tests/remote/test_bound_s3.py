@@ -1,8 +1,8 @@
 """A cap on a shared bucket: two `kvstore serve` (each its own embedded llama-server and cache) on one SeaweedFS
 bucket, both with `--max-size` of about six states, conversations sent to both at once. No eviction fails because
 the other server's gc holds the bucket's lock. The bucket's own listing stays within the cap plus one state per
-server plus what the other saved in one `--evict-period`; after the run it is within the cap; a pinned name survives; the conversations answered last continue on the *other* server as a
-plain llama-server evaluates them; the first ones are misses, never errors; the bucket verifies clean."""
+server plus what the other saved in one `--evict-period`; after the run it is within the cap; a pinned name
+survives; the conversations answered last continue on the *other* server as a plain llama-server evaluates them; the first ones are misses, never errors; the bucket verifies clean."""
 from __future__ import annotations
 
 import threading

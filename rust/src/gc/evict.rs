@@ -16,8 +16,9 @@
 //! own once its children are gone. `evict` takes the catalog's gc lock (no save between its plan and its
 //! sweep), syncs, plans, forgets each victim where names live and in the index, then sweeps (gc's sweep,
 //! no grace: the lock excludes saves) within the cap: a bucket copies a pack's survivors out only below it, and
-//! while the dead objects it left pass the cap, up to two more rounds evict as if the cap were smaller by them. A kill at any point leaves kept names whole (objects go only after
-//! the names are forgotten, and only those no kept name marks); a re-run finishes. `owned_bytes` reports each
+//! while the dead objects it left pass the cap, up to two more rounds evict as if the cap were smaller by them.
+//! A kill at any point leaves kept names whole (objects go only after the names are forgotten, and only those
+//! no kept name marks); a re-run finishes. `owned_bytes` reports each
 //! kept name's owned bytes as the plan counts them (`kvstore ls`).
 
 use std::collections::{HashMap, HashSet};
@@ -379,7 +380,8 @@ pub fn evict(store: &Store, limits: &Limits, dry_run: bool) -> Result<EvictRepor
     if dry_run {
         catalog.sync(None)?;
         let plan = plan_eviction(store, limits)?;
-        return Ok(EvictReport { plan, evicted: 0, freed_bytes: 0, dead_objects: 0, kept_packed_bytes: 0, dry_run: true });
+        let (evicted, freed_bytes, dead_objects, kept_packed_bytes) = (0, 0, 0, 0);
+        return Ok(EvictReport { plan, evicted, freed_bytes, dead_objects, kept_packed_bytes, dry_run: true });
     }
     let lock = catalog.lock_gc()?;
     catalog.sync(None)?;
