@@ -84,7 +84,10 @@ pub fn plan(
     let (mut batch, mut in_batch, mut batch_frees) = (Vec::new(), 0u64, 0u64);
     let mut rest = partial.into_iter();
     for p in rest.by_ref() {
-        if room.is_some_and(|r| in_batch + p.survive > r) && !batch.is_empty() {
+        // The batch so far is closed when it is full, or when this pack's copies would not fit beside it: once
+        // executed, its old packs are gone and the room grows by what they held beyond their survivors.
+        let full = in_batch >= batch_bytes as u64 || room.is_some_and(|r| in_batch + p.survive > r);
+        if full && !batch.is_empty() {
             plan.rewrites.push(std::mem::take(&mut batch));
             room = room.map(|r| r + batch_frees);
             (in_batch, batch_frees) = (0, 0);
@@ -97,11 +100,6 @@ pub fn plan(
         in_batch += p.survive;
         batch_frees += p.total - p.survive;
         batch.push((p.pack, p.keep));
-        if in_batch >= batch_bytes as u64 {
-            plan.rewrites.push(std::mem::take(&mut batch));
-            room = room.map(|r| r + batch_frees);
-            (in_batch, batch_frees) = (0, 0);
-        }
     }
     plan.left.extend(rest.flat_map(|p| p.doomed));
     if !batch.is_empty() {
