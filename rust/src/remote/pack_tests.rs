@@ -37,6 +37,17 @@ fn overhead(m: &Machine) -> (u64, u64) {
     (total - live, packs * (2 * 17 + 8) + objects.len() as u64 * 2 * 44)
 }
 
+/// x (80 tokens, one pack) and y, which shares x's first 3 blocks and adds 2 of its own (a second pack); y's
+/// tokens and ingest report.
+fn x_and_y_sharing_blocks(m: &Machine) -> (Vec<i32>, crate::store::IngestReport) {
+    let f = fp(&[]);
+    put_synthetic(m, "x", "", &(0..80).collect::<Vec<_>>(), &f);
+    let mut y: Vec<i32> = (0..48).collect();
+    y.extend(1000..1032);
+    let ry = put_synthetic(m, "y", "", &y, &f);
+    (y, ry)
+}
+
 fn objects_of(m: &Machine, name: &str) -> Vec<ObjectId> {
     let l = load(m, name);
     let mut ids: Vec<ObjectId> = l.manifest.blocks.clone();
@@ -83,11 +94,7 @@ fn a_gc_rewrites_a_pack_without_its_dead_objects_and_leaves_no_garbage() {
     let mem = Arc::new(InMemory::new());
     let (da, db, dc) = (TempDir::new("ga"), TempDir::new("gb"), TempDir::new("gc"));
     let (a, b, c) = (machine(&mem, &da, None, quick()), machine(&mem, &db, None, quick()), machine(&mem, &dc, None, quick()));
-    let f = fp(&[]);
-    put_synthetic(&a, "x", "", &(0..80).collect::<Vec<_>>(), &f);
-    let mut y: Vec<i32> = (0..48).collect();
-    y.extend(1000..1032);
-    let ry = put_synthetic(&a, "y", "", &y, &f);
+    let (y, ry) = x_and_y_sharing_blocks(&a);
     assert_eq!(ry.new_objects, 2 + 2, "{ry:?}"); // 3 blocks shared with x
     let (before, _, _) = layout(&a);
     assert_eq!(before.len(), 2);
@@ -203,12 +210,8 @@ fn an_eviction_copies_survivors_only_below_its_cap_and_evicts_more_for_room() {
     let mem = Arc::new(InMemory::new());
     let da = TempDir::new("ea");
     let a = machine(&mem, &da, None, quick());
-    let f = fp(&[]);
     let setup = |a: &Machine| {
-        put_synthetic(a, "x", "", &(0..80).collect::<Vec<_>>(), &f);
-        let mut y: Vec<i32> = (0..48).collect();
-        y.extend(1000..1032);
-        put_synthetic(a, "y", "", &y, &f); // 3 of x's blocks, in x's pack
+        x_and_y_sharing_blocks(a); // y keeps 3 of x's blocks, in x's pack
         a.remove("x", "").unwrap();
         std::thread::sleep(Duration::from_millis(20));
     };
