@@ -54,7 +54,7 @@ import httpx
 from kvstore.engine import free_port, wait_healthy
 from kvstore.models import model_path
 
-from .targets import BUCKET, ROOT, cleanup, seaweed, workdir
+from .targets import BUCKET, ROOT, cleanup, family_total, scrape, seaweed, workdir
 from .text import paragraph, question, sentence
 
 SHARED_HEAD = 16  # tokens a tenant's conversations may share (BOS, the template's opening); each starts unique
@@ -192,15 +192,13 @@ class Soak:
         assert self.procs
         for url in self.urls:
             try:
-                text = httpx.get(url + "/metrics", headers=_admin(), timeout=10).text
-                count = lambda name: int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()  # noqa: E731
-                                             if line.startswith(name + "{") or line.startswith(name + " ")))
-                self.evictions += count("kvstore_evictions_total")
-                if failed := count("kvstore_eviction_failures_total"):
-                    self.failures.append(f"{url}: {failed} eviction(s) failed (the store may pass its cap): see "
-                                         f"the server's log")
-            except (httpx.HTTPError, ValueError, IndexError):
-                pass
+                samples, _ = scrape(url, _admin())
+            except OSError:
+                continue
+            self.evictions += int(family_total(samples, "kvstore_evictions_total"))
+            if failed := int(family_total(samples, "kvstore_eviction_failures_total")):
+                self.failures.append(f"{url}: {failed} eviction(s) failed (the store may pass its cap): see the "
+                                     f"server's log")
         for proc in self.procs:
             proc.kill() if kill else proc.terminate()
         codes = []

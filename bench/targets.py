@@ -206,26 +206,17 @@ class Target:
         return self._scrape()[0]
 
     def _scrape(self) -> tuple[dict, set]:
-        """One read of each server's /metrics: the samples summed over the servers, and the families declared as
-        gauges (`# TYPE name gauge`)."""
+        """One read of each server's /metrics (`scrape`): the samples summed over the servers, and the gauges."""
         out: dict = {}
         gauges: set = set()
         for url in self.urls:
             try:
-                with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-                    for line in r.read().decode().splitlines():
-                        if line.startswith("#"):
-                            parts = line.split()
-                            if parts[:2] == ["#", "TYPE"] and len(parts) == 4 and parts[3] == "gauge":
-                                gauges.add(parts[2])
-                        elif line:
-                            key, _, value = line.rpartition(" ")
-                            try:
-                                out[key] = out.get(key, 0.0) + float(value)
-                            except ValueError:
-                                pass
+                samples, declared = scrape(url)
             except OSError:
-                pass
+                continue
+            for key, value in samples.items():
+                out[key] = out.get(key, 0.0) + value
+            gauges |= declared
         return out, gauges
 
     def store_bytes(self) -> int:
@@ -240,6 +231,31 @@ class Target:
     def close(self) -> None:
         self.stop()
         self.log.close()
+
+
+def scrape(url: str, headers: Optional[dict] = None) -> tuple[dict, set]:
+    """One read of a server's /metrics (Prometheus text): {sample: value}, keyed `name{labels}`, and the families
+    it declares as gauges (`# TYPE name gauge`). OSError when the server does not answer."""
+    samples: dict = {}
+    gauges: set = set()
+    with urllib.request.urlopen(urllib.request.Request(url + "/metrics", headers=headers or {}), timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("#"):
+                parts = line.split()
+                if parts[:2] == ["#", "TYPE"] and len(parts) == 4 and parts[3] == "gauge":
+                    gauges.add(parts[2])
+            elif line:
+                key, _, value = line.rpartition(" ")
+                try:
+                    samples[key] = samples.get(key, 0.0) + float(value)
+                except ValueError:
+                    pass
+    return samples, gauges
+
+
+def family_total(samples: dict, name: str) -> float:
+    """A family's samples (`scrape`) summed over their labels."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
 
 
 def carry_counters(carried: dict, live: dict, gauges: set) -> None:
